@@ -1,0 +1,212 @@
+//! Layouts shared by the in-process agent and the recorder.
+//!
+//! This crate has no dependencies on purpose: the agent links it, and everything the agent
+//! links runs inside the traced program.
+//!
+//! # The shared region
+//! The recorder (`fnscope record`) creates a file (normally on tmpfs) and passes its path in
+//! [`ENV_SHM`]. Every traced process maps it `MAP_SHARED`. It starts with one page holding a
+//! [`RegionHeader`], followed by `nchunks` chunks of `chunk_size` bytes. A chunk is a
+//! [`ChunkHeader`] followed by [`Record`]s.
+//!
+//! A thread owns one chunk at a time: it takes a `FREE` chunk with a compare-and-swap to
+//! `OWNED`, fills it with records and, when it is full (or the thread ends), stores the record
+//! count and sets it `FULL`. The recorder copies `FULL` chunks to the trace file and sets them
+//! `FREE` again after zeroing them. When the traced processes are gone the recorder also
+//! harvests chunks still `OWNED`: their records are read up to the first all-zero record,
+//! which works because the agent writes a record's `id_depth` word (never zero) last.
+#![no_std]
+
+/// Path of the shared region file.
+pub const ENV_SHM: &str = "FNSCOPE_SHM";
+/// Trace directory; the agent writes its image tables into `DIR/images/`.
+pub const ENV_DIR: &str = "FNSCOPE_DIR";
+/// Comma-separated substrings: shared libraries whose path contains one are hooked too.
+pub const ENV_LIBS: &str = "FNSCOPE_LIBS";
+/// Set to `1` by the recorder so that the agent reports what it does on stderr.
+pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
+
+/// `RegionHeader::magic`.
+pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
+/// Version of the shared-region layout; the agent refuses a region of another version.
+pub const REGION_VERSION: u32 = 1;
+/// Size of the region header; chunks start at this offset.
+pub const REGION_HEADER_SIZE: usize = 4096;
+/// Default chunk size (header included).
+pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 20;
+/// Default number of chunks.
+pub const DEFAULT_NCHUNKS: u32 = 64;
+
+/// First page of the shared region.
+#[repr(C)]
+pub struct RegionHeader {
+    /// [`REGION_MAGIC`].
+    pub magic: u64,
+    /// [`REGION_VERSION`].
+    pub version: u32,
+    /// Bytes per chunk, header included; a multiple of 4096.
+    pub chunk_size: u32,
+    /// Number of chunks after the header page.
+    pub nchunks: u32,
+    /// Next image session id to hand out (each process image that loads the agent takes one).
+    pub next_image_sid: u32,
+    /// Records dropped because no chunk was free in time, summed over all threads.
+    pub lost_records: u64,
+    /// Hint for the next chunk to try, to spread the search.
+    pub next_chunk_hint: u32,
+    /// Number of agent instances that initialised (for the summary).
+    pub agents: u32,
+}
+
+/// `ChunkHeader::state`: nobody uses the chunk; it is zeroed.
+pub const CHUNK_FREE: u32 = 0;
+/// `ChunkHeader::state`: a thread is filling the chunk.
+pub const CHUNK_OWNED: u32 = 1;
+/// `ChunkHeader::state`: the thread is done with the chunk; `nrec` is valid.
+pub const CHUNK_FULL: u32 = 2;
+
+/// Size of [`ChunkHeader`]; records start at this offset within a chunk.
+pub const CHUNK_HEADER_SIZE: usize = 64;
+
+/// Header of a chunk of records. All fields but `state` are written by the owning thread
+/// before it publishes the chunk as `FULL` (release ordering on `state`).
+#[repr(C)]
+pub struct ChunkHeader {
+    /// One of `CHUNK_FREE`, `CHUNK_OWNED`, `CHUNK_FULL`; accessed atomically.
+    pub state: u32,
+    /// Image session id of the writing process image (see `images/<sid>.txt`).
+    pub image_sid: u32,
+    /// Process id of the writer.
+    pub pid: u32,
+    /// Thread id (kernel tid) of the writer.
+    pub tid: u32,
+    /// Sequence number of this chunk within its thread's stream, from 0.
+    pub seq: u64,
+    /// Number of valid records, set when the chunk becomes `FULL`.
+    pub nrec: u32,
+    /// `CHUNK_FLAG_*` bits.
+    pub flags: u32,
+    /// Records this thread had to drop since its previous chunk.
+    pub lost: u64,
+    /// Padding up to [`CHUNK_HEADER_SIZE`].
+    pub reserved: [u64; 3],
+}
+
+/// `ChunkHeader::flags`: the thread ended (this is its last chunk).
+pub const CHUNK_FLAG_LAST: u32 = 1;
+/// `ChunkHeader::flags`: the chunk was harvested from a writer that disappeared (killed,
+/// exec'd): `nrec` was found by scanning.
+pub const CHUNK_FLAG_ABANDONED: u32 = 2;
+
+/// One call, written when it returns: entry and exit in one unit (technique B), 24 bytes.
+///
+/// Records of a thread are in the order the calls *returned* (post-order). `depth` is the
+/// number of hooked calls of the same thread that were open when this one was entered, so a
+/// thread's call tree is rebuilt from the sequence without any matching.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    /// Time-stamp counter at entry.
+    pub t_entry: u64,
+    /// Time-stamp counter at exit.
+    pub t_exit: u64,
+    /// `function id + 1` in the low 32 bits (so never zero), then `depth | flags << 24` in the
+    /// high 32 bits: see [`Record::id`], [`Record::depth`], [`Record::flags`].
+    pub id_depth: u64,
+}
+
+/// Size of a [`Record`] in bytes.
+pub const RECORD_SIZE: usize = 24;
+
+/// `Record` flag: the call did not return normally; `t_exit` is when the agent noticed it
+/// was gone (longjmp, exception, exit while the call was open).
+pub const REC_FLAG_UNWOUND: u32 = 1;
+
+impl Record {
+    /// Builds a record.
+    pub fn new(t_entry: u64, t_exit: u64, id: u32, depth: u32, flags: u32) -> Record {
+        let hi = (depth & 0x00ff_ffff) | (flags << 24);
+        Record { t_entry, t_exit, id_depth: (id as u64 + 1) | ((hi as u64) << 32) }
+    }
+    /// Whether the slot holds a record (the marker word is written last).
+    pub fn is_present(&self) -> bool {
+        self.id_depth != 0
+    }
+    /// Function id: index into the image's function table.
+    pub fn id(&self) -> u32 {
+        (self.id_depth as u32).wrapping_sub(1)
+    }
+    /// Nesting depth within the thread (0 = outermost hooked call).
+    pub fn depth(&self) -> u32 {
+        ((self.id_depth >> 32) as u32) & 0x00ff_ffff
+    }
+    /// `REC_FLAG_*` bits.
+    pub fn flags(&self) -> u32 {
+        ((self.id_depth >> 32) as u32) >> 24
+    }
+    /// Duration in TSC ticks.
+    pub fn ticks(&self) -> u64 {
+        self.t_exit.wrapping_sub(self.t_entry)
+    }
+}
+
+/// Byte offset of chunk `i` in the region.
+pub const fn chunk_offset(chunk_size: u32, i: u32) -> usize {
+    REGION_HEADER_SIZE + i as usize * chunk_size as usize
+}
+
+/// Records that fit in a chunk.
+pub const fn records_per_chunk(chunk_size: u32) -> usize {
+    (chunk_size as usize - CHUNK_HEADER_SIZE) / RECORD_SIZE
+}
+
+/// Total size of a region.
+pub const fn region_size(chunk_size: u32, nchunks: u32) -> usize {
+    chunk_offset(chunk_size, nchunks)
+}
+
+/// Image tables: `DIR/images/<sid>.txt`, written by the agent once per process image.
+///
+/// A UTF-8 text file, one item per line, fields separated by a tab:
+/// ```text
+/// fnscope-image<TAB>1
+/// pid<TAB><pid>
+/// exe<TAB><path of the executable>
+/// arg<TAB><one argument of the command line>           (one line per argument)
+/// module<TAB><midx><TAB><load bias hex><TAB><build-id hex or -><TAB><path>
+/// func<TAB><id><TAB><midx><TAB><address hex><TAB><size><TAB><raw name>
+/// skip<TAB><midx><TAB><address hex><TAB><size><TAB><reason code><TAB><detail><TAB><raw name>
+/// ```
+/// `address` is the link-time virtual address in the module's ELF file (add the load bias for
+/// the run-time address). `func` lines list hooked functions; `id` is what records carry.
+/// `skip` lines list functions that were not hooked, with one of the [`skip_reason`] codes.
+pub mod image {
+    /// First line's keyword.
+    pub const MAGIC: &str = "fnscope-image";
+    /// Version written in the first line.
+    pub const VERSION: u32 = 1;
+}
+
+/// Reason codes of `skip` lines, stable strings that `info` groups by.
+pub mod skip_reason {
+    /// The function is smaller than the 5-byte jump.
+    pub const TOO_SHORT: &str = "too-short";
+    /// An instruction in the bytes to overwrite cannot be moved (detail says which).
+    pub const UNRELOCATABLE: &str = "unrelocatable";
+    /// A branch elsewhere lands inside the bytes to overwrite (detail: from where).
+    pub const BRANCH_INTO_PATCH: &str = "branch-into-patch";
+    /// A call inside the bytes to overwrite: its return address would point into the
+    /// trampoline, where no unwinder could follow.
+    pub const CALL_IN_PATCH: &str = "call-in-patch";
+    /// Not a function entry: the top of the stack is not a return address there (a `.cold`
+    /// part, `_start`, …).
+    pub const NOT_ENTRY: &str = "not-entry";
+    /// Known not to tolerate a replaced return address (returns twice, switches stacks, …).
+    pub const DENYLIST: &str = "denylist";
+    /// The bytes could not be decoded as instructions.
+    pub const UNDECODABLE: &str = "undecodable";
+    /// No trampoline memory within ±2 GiB of the function.
+    pub const NO_TRAMPOLINE: &str = "no-trampoline";
+    /// The function is in a section that is not executable code (or overlaps another one).
+    pub const NOT_CODE: &str = "not-code";
+}
