@@ -1,1 +1,182 @@
-//! (being written)
+//! Analysis of fnscope traces: hot-function reports, per-thread call trees, the
+//! `function.txt` line format, and a summary of a recording.
+//!
+//! Everything streams the trace file ([`scan`]) so that memory stays bounded by the number of
+//! functions and threads, not by the number of records — except [`replay_lines`], whose
+//! time-ordered merge of all threads keeps the selected threads' events in memory.
+
+#![warn(missing_docs)]
+
+mod info;
+mod names;
+mod replay;
+mod report;
+
+pub use info::{info, render_info_text, ImageInfo, Info};
+pub use replay::{replay_lines, replay_tree};
+pub use report::{
+    render_report_text, report, report_json, sort, FuncStats, Report, SortKey, ThreadStats,
+};
+
+use fnscope_format::{Chunk, EndInfo, FormatError, ImageTable, Meta, ThreadSegment, TraceReader};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+
+/// Errors of the analyses.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    /// The trace could not be opened or read.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// Writing the output failed (a closed pipe, a full disk).
+    #[error("cannot write the output: {0}")]
+    Output(#[source] io::Error),
+}
+
+/// What a pass over a trace has learnt so far.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// What was traced (default values if the META chunk is missing).
+    pub meta: Meta,
+    /// How the run ended; `None` if the END chunk is missing (recorder killed).
+    pub end: Option<EndInfo>,
+    /// Image tables by image session id.
+    pub images: BTreeMap<u32, ImageTable>,
+    /// The trace ended abruptly or was damaged: results cover only what was read.
+    pub truncated: bool,
+    /// EVENTS chunks read.
+    pub segments_read: u64,
+    /// Records read.
+    pub records: u64,
+    /// Bytes of the trace file read.
+    pub bytes: u64,
+    /// Problems the user should know about, in plain words.
+    pub warnings: Vec<String>,
+}
+
+impl Trace {
+    /// Calibration in TSC ticks per nanosecond: from the END chunk, or 1.0 when it is missing
+    /// or unusable (a warning says so).
+    pub fn ticks_per_ns(&self) -> f64 {
+        match &self.end {
+            Some(e) if e.ticks_per_ns.is_finite() && e.ticks_per_ns > 0.0 => e.ticks_per_ns,
+            _ => 1.0,
+        }
+    }
+
+    /// A duration in ticks converted to nanoseconds.
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        ticks_to_ns(ticks, self.ticks_per_ns())
+    }
+
+    /// Nanoseconds from the start of the recording to time-stamp `tsc` (0 if earlier).
+    pub fn ns_since_start(&self, tsc: u64) -> u64 {
+        self.ticks_to_ns(tsc.saturating_sub(self.meta.tsc_at_start))
+    }
+
+    /// Wall-clock time of time-stamp `tsc`, in nanoseconds since the Unix epoch.
+    pub fn wall_ns(&self, tsc: u64) -> u64 {
+        let delta = tsc as i128 - self.meta.tsc_at_start as i128;
+        let ns = (delta as f64 / self.ticks_per_ns()).round() as i128;
+        (self.meta.start_unix_ns as i128 + ns).clamp(0, u64::MAX as i128) as u64
+    }
+}
+
+pub(crate) fn ticks_to_ns(ticks: u64, ticks_per_ns: f64) -> u64 {
+    // `as` saturates on overflow, which is the right answer for absurd inputs.
+    (ticks as f64 / ticks_per_ns).round() as u64
+}
+
+/// Streams the file once; calls `f` for every segment in file order after all images seen so
+/// far are loaded.
+///
+/// A file that is cut short or damaged part-way is not an error: the pass stops there, sets
+/// [`Trace::truncated`] and adds a warning. Without an END chunk there is no clock
+/// calibration: [`Trace::ticks_per_ns`] falls back to 1.0 and a warning says so.
+pub fn scan(path: &Path, f: impl FnMut(&Trace, &ThreadSegment)) -> Result<Trace, AnalysisError> {
+    pass(path, false, f)
+}
+
+/// A quick pass that reads META, IMAGE and END chunks and skips the records, so that names
+/// and the calibration are known before the records are streamed.
+pub(crate) fn headers(path: &Path) -> Result<Trace, AnalysisError> {
+    pass(path, true, |_, _| {})
+}
+
+fn pass(
+    path: &Path,
+    skip_events: bool,
+    mut f: impl FnMut(&Trace, &ThreadSegment),
+) -> Result<Trace, AnalysisError> {
+    let mut r = TraceReader::open(path)?;
+    r.set_skip_events(skip_events);
+    let mut t = Trace::default();
+    let mut seen_meta = false;
+    loop {
+        match r.next_chunk() {
+            Ok(None) => break,
+            Ok(Some(Chunk::Meta(m))) => {
+                t.meta = m;
+                seen_meta = true;
+            }
+            Ok(Some(Chunk::Image { sid, table })) => {
+                t.images.insert(sid, table);
+            }
+            Ok(Some(Chunk::Events(seg))) => {
+                t.segments_read += 1;
+                t.records += seg.records.len() as u64;
+                f(&t, &seg);
+            }
+            Ok(Some(Chunk::End(e))) => t.end = Some(e),
+            Err(e @ (FormatError::Corrupt { .. } | FormatError::BadImageTable { .. })) => {
+                t.truncated = true;
+                t.warnings.push(format!("stopped reading: {e}"));
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    t.bytes = r.offset();
+    if r.truncated() {
+        t.truncated = true;
+        t.warnings.push(
+            "the trace ended abruptly (the recorder was killed or the disk filled up): the \
+             results cover only what was written"
+                .into(),
+        );
+    }
+    if !seen_meta {
+        t.warnings
+            .push("the trace has no META chunk: command line and start time unknown".into());
+    }
+    match &t.end {
+        None => t.warnings.push(
+            "the trace has no END chunk, so the clock was not calibrated: times are TSC ticks \
+             shown as nanoseconds"
+                .into(),
+        ),
+        Some(e) if !(e.ticks_per_ns.is_finite() && e.ticks_per_ns > 0.0) => {
+            t.warnings.push(format!(
+                "the END chunk has an unusable clock calibration ({} ticks/ns): times are TSC \
+                 ticks shown as nanoseconds",
+                e.ticks_per_ns
+            ))
+        }
+        Some(_) => {}
+    }
+    Ok(t)
+}
+
+/// Human-readable duration: `850 ns`, `12.345 us`, `1.500 ms`, `2.000 s`.
+pub fn format_duration(ns: u64) -> String {
+    match ns {
+        0..=999 => format!("{ns} ns"),
+        1_000..=999_999 => format!("{:.3} us", ns as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.3} ms", ns as f64 / 1e6),
+        _ => format!("{:.3} s", ns as f64 / 1e9),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,600 @@
-//! (being written)
+//! The fnscope trace file, `DIR/trace.fns`: a versioned sequence of checksummed chunks.
+//!
+//! The recorder writes it with [`TraceWriter`]; analysis reads it back, one chunk at a time,
+//! with [`TraceReader`]. The byte layout is documented in `docs/FORMAT.md`.
+//!
+//! A reader never needs the whole file in memory, and a file cut short (recorder killed, disk
+//! full) still yields every complete chunk, with [`TraceReader::truncated`] telling that the
+//! trace ended abruptly.
+
+#![warn(missing_docs)]
+
+mod events;
+mod image;
+
+pub use image::{FuncEntry, ImageTable, ModuleEntry, SkipEntry};
+
+use fnscope_abi::Record;
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Version of the trace file format written by this crate; readers refuse newer versions.
+pub const FORMAT_VERSION: u32 = 1;
+/// First eight bytes of a trace file.
+pub const MAGIC: [u8; 8] = *b"FNSCOPE\0";
+/// Name of the trace file inside a trace directory.
+pub const TRACE_FILE: &str = "trace.fns";
+/// Size of the file header: magic, version, flags.
+pub const FILE_HEADER_SIZE: u64 = 16;
+/// Size of a chunk header: kind, payload length, CRC-32.
+pub const CHUNK_HEADER_SIZE: u64 = 12;
+
+/// Chunk kind: [`Meta`] as JSON.
+pub const KIND_META: u32 = 1;
+/// Chunk kind: an image table (u32 sid, then the table text).
+pub const KIND_IMAGE: u32 = 2;
+/// Chunk kind: one thread segment (see docs/FORMAT.md).
+pub const KIND_EVENTS: u32 = 3;
+/// Chunk kind: [`EndInfo`] as JSON.
+pub const KIND_END: u32 = 4;
+
+/// Largest payload a reader accepts; bigger lengths can only come from damage.
+const MAX_PAYLOAD: u32 = 1 << 30;
+/// Size of the fixed part of an EVENTS payload.
+const EVENTS_HEADER_SIZE: usize = 36;
+
+/// What was traced and how; the first chunk of a trace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct Meta {
+    /// Command line of the traced program.
+    pub command: Vec<String>,
+    /// Working directory it ran in.
+    pub cwd: String,
+    /// Wall-clock time when recording started, in ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Time-stamp counter read at the same moment as `start_unix_ns`.
+    pub tsc_at_start: u64,
+    /// Host name.
+    pub host: String,
+    /// Version of the fnscope that recorded.
+    pub fnscope_version: String,
+    /// Recording mode, `"time"` for paired entry/exit records.
+    pub mode: String,
+}
+
+/// How the run ended; the last chunk of a complete trace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct EndInfo {
+    /// Wall-clock time when recording stopped, in ns since the Unix epoch.
+    pub end_unix_ns: u64,
+    /// Time-stamp counter read at the same moment as `end_unix_ns`.
+    pub tsc_at_end: u64,
+    /// Calibration: time-stamp counter ticks per nanosecond.
+    pub ticks_per_ns: f64,
+    /// Exit status of the traced program, if it exited.
+    pub exit_status: Option<i32>,
+    /// Signal that killed the traced program, if one did.
+    pub killed_by_signal: Option<i32>,
+    /// Records dropped because the shared region was full.
+    pub lost_records: u64,
+    /// Process ids that were traced.
+    pub processes: Vec<u32>,
+}
+
+/// The records of one thread from one shared-memory chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadSegment {
+    /// Image session id of the writer; selects the image table that names `Record::id`.
+    pub image_sid: u32,
+    /// Process id of the writer.
+    pub pid: u32,
+    /// Thread id (kernel tid) of the writer.
+    pub tid: u32,
+    /// Sequence number of the segment within its thread, from 0.
+    pub seq: u64,
+    /// Records the thread dropped just before this segment.
+    pub lost: u64,
+    /// `fnscope_abi::CHUNK_FLAG_*` bits.
+    pub flags: u32,
+    /// Calls in the order they returned (post-order).
+    pub records: Vec<Record>,
+}
+
+/// One chunk of a trace file, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Chunk {
+    /// What was traced.
+    Meta(Meta),
+    /// An image table.
+    Image {
+        /// Image session id.
+        sid: u32,
+        /// The parsed table.
+        table: ImageTable,
+    },
+    /// One thread segment.
+    Events(ThreadSegment),
+    /// How the run ended.
+    End(EndInfo),
+}
+
+/// Errors of reading and writing trace files.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// The operating system refused a file operation.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("open", "read", "write", ...).
+        action: &'static str,
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file does not start with the trace magic.
+    #[error(
+        "{} is not an fnscope trace (it does not start with `FNSCOPE`): pass a trace \
+         directory written by `fnscope record`, or the trace.fns file inside it",
+        path.display()
+    )]
+    NotATrace {
+        /// The file concerned.
+        path: PathBuf,
+    },
+    /// The file was written by a newer fnscope.
+    #[error(
+        "trace format version {version} is newer than this fnscope (supports {FORMAT_VERSION}): \
+         upgrade fnscope"
+    )]
+    NewerVersion {
+        /// Version found in the file header.
+        version: u32,
+    },
+    /// A chunk failed its checksum or does not decode.
+    #[error(
+        "{} is damaged at byte offset {offset}: {what}; the chunks before that offset are \
+         intact, but this fnscope cannot read past the damage",
+        path.display()
+    )]
+    Corrupt {
+        /// The file concerned.
+        path: PathBuf,
+        /// Offset of the start of the damaged chunk (or header).
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// An image table does not parse.
+    #[error(
+        "image table {sid}, line {line}: {msg} (the agent that wrote it does not match this \
+         fnscope; record again with the same fnscope version)"
+    )]
+    BadImageTable {
+        /// Image session id.
+        sid: u32,
+        /// 1-based line number, 0 when the problem concerns the whole table.
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FormatError + 'a {
+    move |source| FormatError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes a trace file chunk by chunk.
+pub struct TraceWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    written: u64,
+    payload: Vec<u8>,
+    columns: Vec<u8>,
+    zstd: zstd::bulk::Compressor<'static>,
+}
+
+impl TraceWriter {
+    /// Creates (or truncates) the trace file at `path` and writes the file header.
+    pub fn create(path: &Path) -> Result<TraceWriter, FormatError> {
+        let file = File::create(path).map_err(io_err("create", path))?;
+        let zstd = zstd::bulk::Compressor::new(events::ZSTD_LEVEL)
+            .map_err(io_err("set up compression for", path))?;
+        let mut w = TraceWriter {
+            path: path.to_path_buf(),
+            out: BufWriter::with_capacity(1 << 20, file),
+            written: 0,
+            payload: Vec::new(),
+            columns: Vec::new(),
+            zstd,
+        };
+        let mut head = [0u8; FILE_HEADER_SIZE as usize];
+        head[..8].copy_from_slice(&MAGIC);
+        head[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        w.put(&head)?;
+        Ok(w)
+    }
+
+    fn put(&mut self, b: &[u8]) -> Result<(), FormatError> {
+        self.out.write_all(b).map_err(io_err("write", &self.path))?;
+        self.written += b.len() as u64;
+        Ok(())
+    }
+
+    /// Writes `self.payload` as one chunk of `kind`.
+    fn chunk(&mut self, kind: u32) -> Result<(), FormatError> {
+        let payload = std::mem::take(&mut self.payload);
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&l| l <= MAX_PAYLOAD);
+        let r = match len {
+            Some(len) => {
+                let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
+                head[0..4].copy_from_slice(&kind.to_le_bytes());
+                head[4..8].copy_from_slice(&len.to_le_bytes());
+                head[8..12].copy_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+                self.put(&head).and_then(|_| self.put(&payload))
+            }
+            None => Err(FormatError::Io {
+                action: "write",
+                path: self.path.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a chunk of {} bytes is over the 1 GiB limit", payload.len()),
+                ),
+            }),
+        };
+        self.payload = payload;
+        self.payload.clear();
+        r
+    }
+
+    /// Writes the META chunk; write it first.
+    pub fn write_meta(&mut self, m: &Meta) -> Result<(), FormatError> {
+        self.payload.clear();
+        // Serializing plain structs of strings and numbers into memory cannot fail.
+        serde_json::to_writer(&mut self.payload, m).expect("Meta serializes");
+        self.chunk(KIND_META)
+    }
+
+    /// Writes an IMAGE chunk holding `table_text` (the agent's `images/<sid>.txt`) verbatim.
+    pub fn write_image(&mut self, sid: u32, table_text: &str) -> Result<(), FormatError> {
+        self.payload.clear();
+        self.payload.extend_from_slice(&sid.to_le_bytes());
+        self.payload.extend_from_slice(table_text.as_bytes());
+        self.chunk(KIND_IMAGE)
+    }
+
+    /// Writes an EVENTS chunk: one thread's records from one shared-memory chunk, in the
+    /// order the agent wrote them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_segment(
+        &mut self,
+        image_sid: u32,
+        pid: u32,
+        tid: u32,
+        seq: u64,
+        lost: u64,
+        flags: u32,
+        records: &[Record],
+    ) -> Result<(), FormatError> {
+        let nrec = u32::try_from(records.len()).map_err(|_| FormatError::Io {
+            action: "write",
+            path: self.path.clone(),
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "over 2^32 records in a segment",
+            ),
+        })?;
+        self.columns.clear();
+        events::encode_columns(records, &mut self.columns);
+        let p = &mut self.payload;
+        p.clear();
+        p.extend_from_slice(&image_sid.to_le_bytes());
+        p.extend_from_slice(&pid.to_le_bytes());
+        p.extend_from_slice(&tid.to_le_bytes());
+        p.extend_from_slice(&seq.to_le_bytes());
+        p.extend_from_slice(&nrec.to_le_bytes());
+        p.extend_from_slice(&lost.to_le_bytes());
+        p.extend_from_slice(&flags.to_le_bytes());
+        p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
+        // Compress straight behind the header: the cursor makes zstd append to the payload.
+        let mut cur = io::Cursor::new(&mut self.payload);
+        cur.set_position(EVENTS_HEADER_SIZE as u64);
+        self.zstd
+            .compress_to_buffer(&self.columns, &mut cur)
+            .map_err(io_err("compress records for", &self.path))?;
+        self.chunk(KIND_EVENTS)
+    }
+
+    /// Writes the END chunk; a trace without it is reported as truncated.
+    pub fn write_end(&mut self, e: &EndInfo) -> Result<(), FormatError> {
+        self.payload.clear();
+        serde_json::to_writer(&mut self.payload, e).expect("EndInfo serializes");
+        self.chunk(KIND_END)
+    }
+
+    /// Bytes written so far, file header included.
+    pub fn bytes_written(&self) -> u64 {
+        self.written
+    }
+
+    /// Hands buffered data to the operating system, so that it survives a crash of the
+    /// recorder (not of the machine: no fsync).
+    pub fn flush(&mut self) -> Result<(), FormatError> {
+        self.out.flush().map_err(io_err("write", &self.path))
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        // Errors here have nowhere to go; callers that care call `flush` themselves.
+        let _ = self.out.flush();
+    }
+}
+
+/// Reads a trace file chunk by chunk.
+pub struct TraceReader {
+    path: PathBuf,
+    input: BufReader<File>,
+    /// Offset of the next chunk header.
+    offset: u64,
+    done: bool,
+    truncated: bool,
+    seen_end: bool,
+    skip_events: bool,
+    payload: Vec<u8>,
+    columns: Vec<u8>,
+    unzstd: zstd::bulk::Decompressor<'static>,
+}
+
+/// Reads until `buf` is full or the input ends; returns how much was read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+impl TraceReader {
+    /// Opens a trace: `path` is a trace directory (its `trace.fns` is read) or the file
+    /// itself. Checks the magic and the version.
+    pub fn open(path: &Path) -> Result<TraceReader, FormatError> {
+        let path = if path.is_dir() {
+            path.join(TRACE_FILE)
+        } else {
+            path.to_path_buf()
+        };
+        let file = File::open(&path).map_err(io_err("open", &path))?;
+        let mut input = BufReader::with_capacity(1 << 20, file);
+        let mut head = [0u8; FILE_HEADER_SIZE as usize];
+        let n = read_full(&mut input, &mut head).map_err(io_err("read", &path))?;
+        if n < 8 || head[..8] != MAGIC {
+            return Err(FormatError::NotATrace { path });
+        }
+        if n < head.len() {
+            return Err(FormatError::Corrupt {
+                path,
+                offset: 0,
+                what: "the file ends inside its 16-byte header".into(),
+            });
+        }
+        let version = le32(&head, 8);
+        if version > FORMAT_VERSION {
+            return Err(FormatError::NewerVersion { version });
+        }
+        if version == 0 {
+            return Err(FormatError::Corrupt {
+                path,
+                offset: 8,
+                what: "format version 0".into(),
+            });
+        }
+        let unzstd =
+            zstd::bulk::Decompressor::new().map_err(io_err("set up decompression for", &path))?;
+        Ok(TraceReader {
+            path,
+            input,
+            offset: FILE_HEADER_SIZE,
+            done: false,
+            truncated: false,
+            seen_end: false,
+            skip_events: false,
+            payload: Vec::new(),
+            columns: Vec::new(),
+            unzstd,
+        })
+    }
+
+    /// Path of the trace file being read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Offset of the next chunk, i.e. bytes consumed so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// When `skip` is true, EVENTS chunks are passed over without being read or checked:
+    /// a quick pass that collects META, IMAGE and END only.
+    pub fn set_skip_events(&mut self, skip: bool) {
+        self.skip_events = skip;
+    }
+
+    /// Whether the trace ended abruptly: true once the reader met a partial chunk at the end
+    /// of the file, or the end of the file without an END chunk.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// Reads the next chunk. `Ok(None)` at the end of the file, including a file cut short
+    /// (then [`TraceReader::truncated`] is true). Chunks of unknown kinds are skipped, so
+    /// that later fnscope versions can add optional chunks without a new format version. A
+    /// checksum or decoding failure is an error naming the offset; the reader is finished
+    /// after an error.
+    pub fn next_chunk(&mut self) -> Result<Option<Chunk>, FormatError> {
+        while !self.done {
+            match self.read_one() {
+                Ok(Some(c)) => return Ok(Some(c)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn corrupt(&self, offset: u64, what: impl Into<String>) -> FormatError {
+        FormatError::Corrupt {
+            path: self.path.clone(),
+            offset,
+            what: what.into(),
+        }
+    }
+
+    fn stop_truncated(&mut self) -> Result<Option<Chunk>, FormatError> {
+        self.done = true;
+        self.truncated = true;
+        Ok(None)
+    }
+
+    /// Reads one chunk; `Ok(None)` for a skipped chunk or the end (then `done` is set).
+    fn read_one(&mut self) -> Result<Option<Chunk>, FormatError> {
+        let at = self.offset;
+        let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
+        let n = read_full(&mut self.input, &mut head).map_err(io_err("read", &self.path))?;
+        if n == 0 {
+            self.done = true;
+            self.truncated |= !self.seen_end;
+            return Ok(None);
+        }
+        if n < head.len() {
+            return self.stop_truncated();
+        }
+        let (kind, len, crc) = (le32(&head, 0), le32(&head, 4), le32(&head, 8));
+        if len > MAX_PAYLOAD {
+            return Err(self.corrupt(at, format!("chunk length {len} is impossibly large")));
+        }
+        let body = at + CHUNK_HEADER_SIZE;
+        if kind == KIND_EVENTS && self.skip_events {
+            let end = body + len as u64;
+            let size = self
+                .input
+                .get_ref()
+                .metadata()
+                .map_err(io_err("read", &self.path))?
+                .len();
+            if end > size {
+                return self.stop_truncated();
+            }
+            self.input
+                .seek_relative(len as i64)
+                .map_err(io_err("read", &self.path))?;
+            self.offset = end;
+            return Ok(None);
+        }
+        self.payload.clear();
+        let got = (&mut self.input)
+            .take(len as u64)
+            .read_to_end(&mut self.payload)
+            .map_err(io_err("read", &self.path))?;
+        if got < len as usize {
+            return self.stop_truncated();
+        }
+        self.offset = body + len as u64;
+        if crc32fast::hash(&self.payload) != crc {
+            return Err(self.corrupt(at, "checksum mismatch"));
+        }
+        let p = &self.payload;
+        let chunk = match kind {
+            KIND_META => Chunk::Meta(
+                serde_json::from_slice(p)
+                    .map_err(|e| self.corrupt(at, format!("bad META: {e}")))?,
+            ),
+            KIND_END => {
+                self.seen_end = true;
+                Chunk::End(
+                    serde_json::from_slice(p)
+                        .map_err(|e| self.corrupt(at, format!("bad END: {e}")))?,
+                )
+            }
+            KIND_IMAGE => {
+                if p.len() < 4 {
+                    return Err(self.corrupt(at, "IMAGE chunk shorter than 4 bytes"));
+                }
+                let sid = le32(p, 0);
+                let text = std::str::from_utf8(&p[4..])
+                    .map_err(|_| self.corrupt(at, "image table is not UTF-8"))?;
+                Chunk::Image {
+                    sid,
+                    table: ImageTable::parse(sid, text)?,
+                }
+            }
+            KIND_EVENTS => Chunk::Events(self.decode_events(at)?),
+            _ => return Ok(None),
+        };
+        Ok(Some(chunk))
+    }
+
+    fn decode_events(&mut self, at: u64) -> Result<ThreadSegment, FormatError> {
+        let p = &self.payload;
+        if p.len() < EVENTS_HEADER_SIZE {
+            return Err(self.corrupt(at, "EVENTS chunk shorter than its header"));
+        }
+        let mut seg = ThreadSegment {
+            image_sid: le32(p, 0),
+            pid: le32(p, 4),
+            tid: le32(p, 8),
+            seq: le64(p, 12),
+            lost: le64(p, 24),
+            flags: le32(p, 32),
+            records: Vec::new(),
+        };
+        let nrec = le32(p, 20);
+        let frame = &p[EVENTS_HEADER_SIZE..];
+        let bound = events::decoded_bound(nrec);
+        self.columns.clear();
+        // The decoded size is read from the frame so that the buffer grows only as far as the
+        // data needs; `bound` caps it for damaged or hostile headers.
+        let want = match zstd::zstd_safe::get_frame_content_size(frame) {
+            Ok(Some(n)) if n <= bound as u64 => n as usize,
+            _ => bound,
+        };
+        self.columns.reserve(want);
+        let r = self.unzstd.decompress_to_buffer(frame, &mut self.columns);
+        if r.is_err() {
+            return Err(self.corrupt(at, "record data does not decompress"));
+        }
+        events::decode_columns(&self.columns, nrec, &mut seg.records)
+            .map_err(|what| self.corrupt(at, what))?;
+        Ok(seg)
+    }
+}
+
+#[cfg(test)]
+mod tests;

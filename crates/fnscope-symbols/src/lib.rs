@@ -1,1 +1,464 @@
-//! (being written)
+//! The function inventory of an x86-64 ELF file: every function fnscope could hook, with its
+//! name, address, size, and whether it is a real function entry.
+//!
+//! Functions come from `.symtab` (or, for a stripped file, the `.symtab` of its separate
+//! debug file), `.dynsym`, and every FDE of `.eh_frame`, which also covers stripped static
+//! functions. Call frame information decides whether a piece of code is entered by a call:
+//! only there does the top of the stack hold a return address that an exit hook may replace.
+//!
+//! ```no_run
+//! let inv = fnscope_symbols::load(std::path::Path::new("/usr/bin/python3.11"))?;
+//! for f in inv.functions.iter().filter(|f| f.entry) {
+//!     println!("{:#x} {} {}", f.address, f.size, f.display_name());
+//! }
+//! # Ok::<(), fnscope_symbols::SymbolError>(())
+//! ```
+
+mod cfi;
+mod debugfile;
+mod demangle;
+
+use std::path::{Path, PathBuf};
+
+use object::elf;
+use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader, SectionHeader, Sym, SymbolTable};
+use object::{Endianness, Object};
+
+pub use demangle::{demangle, strip_version};
+
+/// `Function::not_entry_why` of `.cold` parts.
+pub const WHY_COLD: &str = "cold part";
+/// `Function::not_entry_why` of the ELF entry point.
+pub const WHY_ELF_ENTRY: &str = "ELF entry point (_start)";
+/// `Function::not_entry_why` when the call frame information shows that the top of the stack
+/// is not a return address at the piece's first instruction.
+pub const WHY_CFA: &str = cfi::CFA_NOT_AT_ENTRY;
+
+/// Where a function's name (or, for unnamed pieces, its existence) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SymSource {
+    /// The file's own `.symtab`.
+    Symtab,
+    /// The file's `.dynsym` (exported functions).
+    Dynsym,
+    /// An `.eh_frame` FDE without any symbol at its start.
+    EhFrame,
+    /// The `.symtab` of a separate debug file.
+    DebugFile,
+}
+
+/// One function, or piece of a function, of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Function {
+    /// Raw (mangled) symbol name, possibly with an `@VERSION` suffix; `None` for a piece of
+    /// code known only from `.eh_frame`.
+    pub name: Option<String>,
+    /// Link-time virtual address (add the load bias for the run-time address).
+    pub address: u64,
+    /// Size in bytes (from the symbol, else from the FDE; 0 if neither tells).
+    pub size: u64,
+    /// Whether the code is entered by a call, with the return address on top of the stack.
+    pub entry: bool,
+    /// When `entry` is false: why, in a few words.
+    pub not_entry_why: Option<&'static str>,
+    /// Where the name comes from.
+    pub source: SymSource,
+}
+
+impl Function {
+    /// The demangled name, or `sub_<hex address>` for an unnamed piece.
+    pub fn display_name(&self) -> String {
+        match &self.name {
+            Some(n) => demangle(n),
+            None => format!("sub_{:x}", self.address),
+        }
+    }
+}
+
+/// An executable section (`SHF_EXECINSTR`, `SHT_PROGBITS`) of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeRange {
+    /// Link-time virtual address of the section.
+    pub address: u64,
+    /// Offset of the section's bytes in the file.
+    pub file_offset: u64,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+impl CodeRange {
+    /// Whether `address` lies in this range.
+    pub fn contains(&self, address: u64) -> bool {
+        address >= self.address && address - self.address < self.size
+    }
+}
+
+/// Everything fnscope needs to know about one ELF file to hook its functions.
+#[derive(Debug, Clone)]
+pub struct Inventory {
+    /// The path the inventory was loaded from.
+    pub path: PathBuf,
+    /// GNU build id, if the file has one.
+    pub build_id: Option<Vec<u8>>,
+    /// `ET_DYN`: a position-independent executable or a shared library.
+    pub is_pie_or_shared: bool,
+    /// A statically linked executable: no program interpreter and no `DT_NEEDED`
+    /// (`ET_EXEC`, or `ET_DYN` flagged `DF_1_PIE`).
+    pub is_static: bool,
+    /// `e_entry` (0 if none).
+    pub entry_point: u64,
+    /// Whether the file has its own `.symtab`; false means it is stripped.
+    pub has_symtab: bool,
+    /// The separate debug file whose symbols were used, if any.
+    pub debug_file: Option<PathBuf>,
+    /// Executable sections, sorted by address; each lies within the file and does not wrap
+    /// around the address space.
+    pub code: Vec<CodeRange>,
+    /// Functions sorted by address, one per start address.
+    pub functions: Vec<Function>,
+}
+
+impl Inventory {
+    /// The code range holding `address`.
+    pub fn code_range(&self, address: u64) -> Option<&CodeRange> {
+        let i = self.code.partition_point(|c| c.address <= address);
+        self.code[..i].last().filter(|c| c.contains(address))
+    }
+
+    /// The file bytes from `address` to the end of its code range, out of `data` (the file
+    /// contents this inventory was loaded from). `None` if `address` is not in code or the
+    /// data is shorter than the file was.
+    pub fn code_bytes<'a>(&self, data: &'a [u8], address: u64) -> Option<&'a [u8]> {
+        let c = self.code_range(address)?;
+        let start = c.file_offset.checked_add(address - c.address)?;
+        let end = c.file_offset.checked_add(c.size)?;
+        data.get(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+    }
+
+    /// The function that starts exactly at `address`.
+    pub fn function_at(&self, address: u64) -> Option<&Function> {
+        self.functions
+            .binary_search_by_key(&address, |f| f.address)
+            .ok()
+            .map(|i| &self.functions[i])
+    }
+}
+
+/// Why an inventory could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}; check the path and that you may read the file")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not ELF.
+    #[error("{0} is not an ELF file; give the path of an executable or a shared library (not a script or a symlink farm)")]
+    NotElf(PathBuf),
+    /// The file is ELF, but not 64-bit little-endian x86-64.
+    #[error("{path} is built for ELF machine {machine}, not x86-64 (62); fnscope hooks x86-64 code only, so trace an x86-64 build")]
+    NotX86_64 {
+        /// The file.
+        path: PathBuf,
+        /// Its `e_machine`.
+        machine: u16,
+    },
+    /// The ELF structures are damaged.
+    #[error("{path} is a damaged ELF file ({msg}); check it with `readelf -a`, or rebuild it")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+/// Reads the file at `path` and builds its inventory.
+pub fn load(path: &Path) -> Result<Inventory, SymbolError> {
+    let data = std::fs::read(path).map_err(|source| SymbolError::Io { path: path.to_path_buf(), source })?;
+    load_bytes(path, &data)
+}
+
+/// Builds the inventory of the ELF file whose contents are `data`; `path` names it in errors
+/// and is where `.gnu_debuglink` is resolved from.
+pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
+    check_header(path, data)?;
+    let parse_err = |e: object::read::Error| SymbolError::Parse { path: path.to_path_buf(), msg: e.to_string() };
+    let file = ElfFile64::<Endianness>::parse(data).map_err(parse_err)?;
+    let endian = file.endian();
+    let header = file.elf_header();
+    let e_type = header.e_type(endian);
+    let entry_point = header.e_entry(endian);
+
+    let code = code_ranges(&file, data);
+
+    let mut has_interp = false;
+    let mut has_needed = false;
+    let mut pie_flag = false;
+    for ph in file.elf_program_headers() {
+        let t = ph.p_type(endian);
+        if t == elf::PT_INTERP {
+            has_interp = true;
+        } else if t == elf::PT_DYNAMIC {
+            if let Ok(Some(dyns)) = ph.dynamic(endian, data) {
+                for d in dyns {
+                    let tag = d.d_tag(endian);
+                    if tag == elf::DT_NEEDED {
+                        has_needed = true;
+                    } else if tag == elf::DT_FLAGS_1 && d.d_val(endian) & u64::from(elf::DF_1_PIE.0) != 0 {
+                        pie_flag = true;
+                    }
+                }
+            }
+        }
+    }
+    let is_static = !has_interp && !has_needed && (e_type == elf::ET_EXEC || pie_flag);
+
+    let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+    let symtab = file.elf_symbol_table();
+    let has_symtab = !symtab.is_empty();
+
+    let mut cands = Vec::new();
+    collect_symbols(symtab, endian, SymSource::Symtab, &code, &mut cands);
+    collect_symbols(file.elf_dynamic_symbol_table(), endian, SymSource::Dynsym, &code, &mut cands);
+
+    let mut debug_file = None;
+    if !has_symtab {
+        let link = file.gnu_debuglink().ok().flatten();
+        if let Some((dpath, ddata)) = find_debug_file(path, build_id.as_deref(), link) {
+            if let Ok(dfile) = ElfFile64::<Endianness>::parse(ddata.as_slice()) {
+                let before = cands.len();
+                collect_symbols(dfile.elf_symbol_table(), dfile.endian(), SymSource::DebugFile, &code, &mut cands);
+                if cands.len() > before {
+                    debug_file = Some(dpath);
+                }
+            }
+        }
+    }
+
+    let mut queries: Vec<u64> = cands.iter().map(|c| c.address).collect();
+    queries.sort_unstable();
+    queries.dedup();
+    let scan = match eh_frame_input(&file, data) {
+        Some(input) => cfi::scan(&input, &queries),
+        None => cfi::CfiScan { pieces: Vec::new(), inner: Default::default() },
+    };
+
+    let functions = merge(cands, &scan, entry_point);
+    Ok(Inventory {
+        path: path.to_path_buf(),
+        build_id,
+        is_pie_or_shared: e_type == elf::ET_DYN,
+        is_static,
+        entry_point,
+        has_symtab,
+        debug_file,
+        code,
+        functions,
+    })
+}
+
+/// Rejects what is not 64-bit little-endian x86-64 ELF before the parser sees it, so that the
+/// user gets the specific reason.
+fn check_header(path: &Path, data: &[u8]) -> Result<(), SymbolError> {
+    if data.len() < 20 || &data[..4] != b"\x7fELF" {
+        return Err(SymbolError::NotElf(path.to_path_buf()));
+    }
+    // e_machine is at offset 18 in both classes, in the file's byte order.
+    let m = [data[18], data[19]];
+    let machine = if data[5] == elf::ELFDATA2MSB.0 { u16::from_be_bytes(m) } else { u16::from_le_bytes(m) };
+    if data[4] != elf::ELFCLASS64.0 || data[5] != elf::ELFDATA2LSB.0 || machine != elf::EM_X86_64.0 {
+        return Err(SymbolError::NotX86_64 { path: path.to_path_buf(), machine });
+    }
+    Ok(())
+}
+
+/// The executable `PROGBITS` sections whose bytes are all in the file, sorted by address.
+fn code_ranges(file: &ElfFile64<'_, Endianness>, data: &[u8]) -> Vec<CodeRange> {
+    let endian = file.endian();
+    let mut code: Vec<CodeRange> = file
+        .elf_section_table()
+        .iter()
+        .filter(|sh| {
+            let flags = sh.sh_flags(endian).0;
+            sh.sh_type(endian) == elf::SHT_PROGBITS
+                && flags & elf::SHF_EXECINSTR.0 != 0
+                && flags & elf::SHF_ALLOC.0 != 0
+        })
+        .map(|sh| CodeRange { address: sh.sh_addr(endian), file_offset: sh.sh_offset(endian), size: sh.sh_size(endian) })
+        // Ranges that wrap around the address space cannot be real; dropping them lets users
+        // add sizes to addresses without overflow checks.
+        .filter(|c| {
+            c.size > 0
+                && c.address.checked_add(c.size).is_some()
+                && c.file_offset.checked_add(c.size).is_some_and(|end| end <= data.len() as u64)
+        })
+        .collect();
+    code.sort_unstable_by_key(|c| c.address);
+    code
+}
+
+fn in_code(code: &[CodeRange], address: u64) -> bool {
+    let i = code.partition_point(|c| c.address <= address);
+    code[..i].last().is_some_and(|c| c.contains(address))
+}
+
+/// A function symbol before merging.
+struct Cand {
+    address: u64,
+    size: u64,
+    name: String,
+    source: SymSource,
+    /// 0 global, 1 weak, 2 local (or anything else).
+    bind: u8,
+}
+
+impl Cand {
+    /// Smaller is a better name for the address.
+    fn rank(&self) -> (u8, u8, usize, usize) {
+        let src = match self.source {
+            SymSource::Symtab | SymSource::DebugFile => 0,
+            SymSource::Dynsym => 1,
+            SymSource::EhFrame => 2,
+        };
+        let underscores = self.name.bytes().take_while(|&b| b == b'_').count();
+        (src, self.bind, underscores, self.name.len())
+    }
+}
+
+/// Function symbols (`STT_FUNC`, `STT_GNU_IFUNC`) defined in code.
+fn collect_symbols(
+    table: &SymbolTable<'_, elf::FileHeader64<Endianness>>,
+    endian: Endianness,
+    source: SymSource,
+    code: &[CodeRange],
+    out: &mut Vec<Cand>,
+) {
+    for sym in table.iter() {
+        let t = sym.st_type();
+        if t != elf::STT_FUNC && t != elf::STT_GNU_IFUNC {
+            continue;
+        }
+        let shndx = sym.st_shndx(endian);
+        // Undefined functions of a non-PIE executable have their PLT stub as value.
+        if shndx == elf::SHN_UNDEF || shndx == elf::SHN_ABS {
+            continue;
+        }
+        let address = sym.st_value(endian);
+        if address == 0 || !in_code(code, address) {
+            continue;
+        }
+        let name = match table.symbol_name(endian, sym) {
+            Ok(n) if !n.is_empty() => String::from_utf8_lossy(n).into_owned(),
+            _ => continue,
+        };
+        let bind = match sym.st_bind() {
+            elf::STB_GLOBAL => 0,
+            elf::STB_WEAK => 1,
+            _ => 2,
+        };
+        out.push(Cand { address, size: sym.st_size(endian), name, source, bind });
+    }
+}
+
+/// Reads the first matching separate debug file. A candidate must carry the same build id,
+/// or (if either file has none) match the `.gnu_debuglink` CRC: a stale debug file would give
+/// wrong names.
+fn find_debug_file(path: &Path, build_id: Option<&[u8]>, link: Option<(&[u8], u32)>) -> Option<(PathBuf, Vec<u8>)> {
+    for cand in debugfile::candidates(path, build_id, link.map(|l| l.0)) {
+        let Ok(bytes) = std::fs::read(&cand) else { continue };
+        let Ok(dfile) = ElfFile64::<Endianness>::parse(bytes.as_slice()) else { continue };
+        let their_id = dfile.build_id().ok().flatten();
+        let ok = match (build_id, their_id) {
+            (Some(a), Some(b)) => a == b,
+            _ => link.is_some_and(|(_, crc)| debugfile::crc32(&bytes) == crc),
+        };
+        if ok {
+            return Some((cand, bytes));
+        }
+    }
+    None
+}
+
+fn eh_frame_input<'a>(file: &ElfFile64<'a, Endianness>, data: &'a [u8]) -> Option<cfi::EhFrameInput<'a>> {
+    let endian = file.endian();
+    let sections = file.elf_section_table();
+    let find = |name: &[u8]| sections.section_by_name(endian, name).map(|(_, sh)| sh);
+    let eh = find(b".eh_frame")?;
+    if eh.sh_type(endian) != elf::SHT_PROGBITS {
+        return None;
+    }
+    let bytes = eh.data(endian, data).ok()?;
+    Some(cfi::EhFrameInput {
+        data: bytes,
+        address: eh.sh_addr(endian),
+        hdr_address: find(b".eh_frame_hdr").map(|s| s.sh_addr(endian)),
+        text_address: find(b".text").map(|s| s.sh_addr(endian)),
+        got_address: find(b".got").map(|s| s.sh_addr(endian)),
+    })
+}
+
+fn is_cold(name: &str) -> bool {
+    let n = strip_version(name);
+    n.ends_with(".cold") || n.contains(".cold.")
+}
+
+/// One function per start address: the best symbol name, the symbol's size (else the FDE's),
+/// and the entry verdict.
+fn merge(mut cands: Vec<Cand>, scan: &cfi::CfiScan, entry_point: u64) -> Vec<Function> {
+    cands.sort_unstable_by(|a, b| {
+        a.address.cmp(&b.address).then_with(|| a.rank().cmp(&b.rank())).then_with(|| a.name.cmp(&b.name))
+    });
+    let pieces = &scan.pieces;
+    let mut out = Vec::with_capacity(pieces.len() + cands.len() / 2);
+    let (mut ci, mut pi) = (0, 0);
+    while ci < cands.len() || pi < pieces.len() {
+        let address = match (cands.get(ci), pieces.get(pi)) {
+            (Some(c), Some(p)) => c.address.min(p.start),
+            (Some(c), None) => c.address,
+            (None, Some(p)) => p.start,
+            (None, None) => break,
+        };
+        let group_end = ci + cands[ci..].partition_point(|c| c.address == address);
+        let group = &mut cands[ci..group_end];
+        ci = group_end;
+        let piece = pieces.get(pi).filter(|p| p.start == address);
+        while pieces.get(pi).is_some_and(|p| p.start == address) {
+            pi += 1;
+        }
+
+        let size = group
+            .first()
+            .map(|c| c.size)
+            .filter(|&s| s > 0)
+            .or_else(|| group.iter().map(|c| c.size).max().filter(|&s| s > 0))
+            .or(piece.map(|p| p.len))
+            .unwrap_or(0);
+        let verdict = if group.iter().any(|c| is_cold(&c.name)) {
+            Err(WHY_COLD)
+        } else if entry_point != 0 && address == entry_point {
+            Err(WHY_ELF_ENTRY)
+        } else if let Some(p) = piece {
+            p.entry
+        } else {
+            scan.inner.get(&address).copied().unwrap_or(Ok(()))
+        };
+        let (name, source) = match group.first_mut() {
+            Some(c) => (Some(std::mem::take(&mut c.name)), c.source),
+            None => (None, SymSource::EhFrame),
+        };
+        out.push(Function {
+            name,
+            address,
+            size,
+            entry: verdict.is_ok(),
+            not_entry_why: verdict.err(),
+            source,
+        });
+    }
+    out
+}

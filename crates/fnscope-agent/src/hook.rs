@@ -1,0 +1,402 @@
+//! Start-up: find the modules to trace, decide what to hook, build trampolines, patch.
+
+use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
+use fnscope_abi::skip_reason;
+use fnscope_symbols::Inventory;
+use fnscope_x86::Verdict;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// A loaded ELF object of this process.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// File path.
+    pub path: PathBuf,
+    /// Load bias (run-time address minus link-time address).
+    pub bias: u64,
+    /// Lowest and highest run-time addresses of its PT_LOAD segments.
+    pub lo: u64,
+    /// See `lo`.
+    pub hi: u64,
+}
+
+/// Every object loaded in this process, the main executable first.
+pub fn loaded_objects() -> Vec<Loaded> {
+    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: the dynamic linker passes a valid `info` for the duration of the callback, and
+        // `data` is the Vec we passed to dl_iterate_phdr.
+        unsafe {
+            let out = &mut *(data as *mut Vec<Loaded>);
+            let info = &*info;
+            let name = if info.dlpi_name.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+            };
+            let path = if out.is_empty() && name.is_empty() {
+                std::fs::read_link("/proc/self/exe").unwrap_or_default()
+            } else {
+                PathBuf::from(name)
+            };
+            let (mut lo, mut hi) = (u64::MAX, 0u64);
+            for i in 0..info.dlpi_phnum as usize {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == libc::PT_LOAD {
+                    let a = info.dlpi_addr + ph.p_vaddr;
+                    lo = lo.min(a);
+                    hi = hi.max(a + ph.p_memsz);
+                }
+            }
+            if hi > 0 {
+                out.push(Loaded { path, bias: info.dlpi_addr, lo, hi });
+            }
+            0
+        }
+    }
+    let mut v: Vec<Loaded> = Vec::new();
+    // SAFETY: the callback only appends to `v`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(cb), &mut v as *mut Vec<Loaded> as *mut libc::c_void) };
+    v
+}
+
+/// What happened to one module.
+pub struct ModuleResult {
+    /// Functions hooked.
+    pub hooked: usize,
+    /// Functions skipped.
+    pub skipped: usize,
+}
+
+/// One function to patch, planned.
+struct Planned {
+    addr: u64,
+    patch_len: usize,
+    /// Pre-hook kind (trace slots get their id when built).
+    id: u32,
+    index: usize,
+}
+
+/// A trampoline area: a header holding the stub addresses, then slots.
+struct Area {
+    base: u64,
+    len: usize,
+}
+
+const AREA_HEADER: usize = 64;
+
+fn round_up(x: usize, a: usize) -> usize {
+    (x + a - 1) & !(a - 1)
+}
+
+/// Free gaps of the address space, from /proc/self/maps.
+fn maps_ranges() -> Vec<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut v: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let r = l.split_whitespace().next()?;
+            let (a, b) = r.split_once('-')?;
+            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Maps `len` bytes read-write within ±2 GiB of every address in `[lo, hi)`, preferring the
+/// space just below the module (above it, the heap of an executable wants to grow).
+fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
+    const PAGE: u64 = 4096;
+    const REACH: u64 = (1 << 31) - (1 << 20);
+    let len = round_up(len, PAGE as usize) as u64;
+    let maps = maps_ranges();
+    let mut candidates: Vec<u64> = Vec::new();
+    let mut prev_end = PAGE * 16;
+    for &(a, b) in &maps {
+        if a > prev_end && a - prev_end >= len {
+            // Gap [prev_end, a): try its top end, then its bottom end.
+            candidates.push((a - len) & !(PAGE - 1));
+            candidates.push((prev_end + PAGE - 1) & !(PAGE - 1));
+        }
+        prev_end = prev_end.max(b);
+    }
+    candidates.push((prev_end + PAGE - 1) & !(PAGE - 1));
+    candidates.retain(|&c| c + len <= hi.saturating_add(REACH) && c >= hi.saturating_sub(REACH) && c + len <= lo + REACH && lo.saturating_sub(REACH) <= c);
+    candidates.sort_by_key(|&c| if c + len <= lo { (0, lo - c) } else { (1, c.abs_diff(hi)) });
+    for c in candidates {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; on success the range
+        // is a fresh anonymous mapping that only we use.
+        let p = unsafe {
+            libc::mmap(
+                c as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            continue;
+        }
+        if p as u64 != c {
+            // SAFETY: unmapping the mapping we just made (old kernels ignore NOREPLACE).
+            unsafe { libc::munmap(p, len as usize) };
+            continue;
+        }
+        return Some(Area { base: c, len: len as usize });
+    }
+    None
+}
+
+fn set_prot(addr: u64, len: usize, prot: libc::c_int) -> bool {
+    let start = addr & !4095;
+    let end = round_up((addr + len as u64) as usize, 4096) as u64;
+    // SAFETY: changes protection of pages that belong to a loaded module or to our own area.
+    unsafe { libc::mprotect(start as *mut libc::c_void, (end - start) as usize, prot) == 0 }
+}
+
+/// Writes `jmp rel32` patches. Pages are made writable around the writes and given back
+/// read+execute. Only called while a single thread runs (start-up).
+fn write_patches(patches: &[(u64, [u8; 5])]) -> Result<(), String> {
+    let mut i = 0;
+    while i < patches.len() {
+        // Group patches of neighbouring pages into one mprotect pair.
+        let first = patches[i].0;
+        let mut j = i;
+        while j + 1 < patches.len() && patches[j + 1].0 - patches[j].0 < 1 << 16 {
+            j += 1;
+        }
+        let last = patches[j].0 + 5;
+        if !set_prot(first, (last - first) as usize, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) {
+            return Err(format!("cannot make code at {first:#x} writable: {}", std::io::Error::last_os_error()));
+        }
+        for (addr, bytes) in &patches[i..=j] {
+            // SAFETY: the page range was made writable just above; the 5 bytes lie within a
+            // function the analysis found hookable (whole instructions, no branch into them).
+            unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), *addr as *mut u8, 5) };
+        }
+        set_prot(first, (last - first) as usize, libc::PROT_READ | libc::PROT_EXEC);
+        i = j + 1;
+    }
+    Ok(())
+}
+
+/// Which stub a slot jumps to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    /// Tracing: `fnscope_entry`.
+    Trace,
+    /// Unwinder support: `fnscope_prehook`, with the hook kind in the id field.
+    Prehook,
+}
+
+/// Builds the slots for `plans` in a new area near `[lo, hi)` and returns the patches to write.
+/// Plans whose prologue cannot be relocated are returned in the error list with a reason.
+fn build_slots(
+    lo: u64,
+    hi: u64,
+    plans: &[Planned],
+    kind: SlotKind,
+    next_id: &mut u32,
+) -> Result<Built, String> {
+    let slot_len = |p: &Planned| round_up(SLOT_CODE_OFFSET + fnscope_x86::max_relocated_len(p.patch_len), 16);
+    let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
+    let area = alloc_near(lo, hi, total).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
+    let target = match kind {
+        SlotKind::Trace => stubs::fnscope_entry as *const () as u64,
+        SlotKind::Prehook => stubs::fnscope_prehook as *const () as u64,
+    };
+    // SAFETY: the area is a fresh read-write mapping of `area.len` bytes; every write below
+    // stays inside it (slot offsets are summed from the same lengths that sized it).
+    unsafe {
+        *(area.base as *mut u64) = target;
+    }
+    let mut patches = Vec::with_capacity(plans.len());
+    let mut failed = Vec::new();
+    let mut ids = Vec::with_capacity(plans.len());
+    let mut off = AREA_HEADER;
+    for p in plans {
+        let slot = area.base + off as u64;
+        let code_at = slot + SLOT_CODE_OFFSET as u64;
+        // SAFETY: reads `patch_len` bytes of a function's code in a mapped executable segment.
+        let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.patch_len) };
+        let reloc = match fnscope_x86::relocate(orig, p.addr, code_at) {
+            Ok(r) => r,
+            Err(e) => {
+                failed.push((p.index, e.to_string()));
+                continue;
+            }
+        };
+        let jmp = match fnscope_x86::jmp_rel32(p.addr, slot) {
+            Some(j) => j,
+            None => {
+                failed.push((p.index, "trampoline out of reach".to_string()));
+                continue;
+            }
+        };
+        // Trace ids are handed out only to slots actually built, so they stay dense.
+        let id = match kind {
+            SlotKind::Trace => {
+                let id = *next_id;
+                *next_id += 1;
+                id
+            }
+            SlotKind::Prehook => p.id,
+        };
+        ids.push((p.index, id));
+        let mut head = [0xccu8; SLOT_CODE_OFFSET];
+        // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
+        head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
+        // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
+        head[5..8].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
+        head[8..12].copy_from_slice(&((SLOT_CODE_OFFSET as i32) - 12).to_le_bytes());
+        // jmp qword ptr [rip + disp32] to the area header.
+        head[12..14].copy_from_slice(&[0xff, 0x25]);
+        let disp = area.base as i64 - (slot as i64 + 18);
+        head[14..18].copy_from_slice(&(disp as i32).to_le_bytes());
+        head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4].copy_from_slice(&id.to_le_bytes());
+        // SAFETY: the slot lies inside the area (see above) and is `slot_len(p)` bytes long,
+        // which bounds the relocated code by `max_relocated_len`.
+        unsafe {
+            core::ptr::copy_nonoverlapping(head.as_ptr(), slot as *mut u8, SLOT_CODE_OFFSET);
+            let n = reloc.len().min(slot_len(p) - SLOT_CODE_OFFSET);
+            core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
+        }
+        patches.push((p.addr, jmp));
+        off += slot_len(p);
+    }
+    if !set_prot(area.base, area.len, libc::PROT_READ | libc::PROT_EXEC) {
+        return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
+    }
+    patches.sort_by_key(|p| p.0);
+    Ok(Built { patches, failed, ids })
+}
+
+/// Result of [`build_slots`].
+struct Built {
+    /// `jmp rel32` patches to write, by address.
+    patches: Vec<(u64, [u8; 5])>,
+    /// Plans (by function index) whose prologue could not be moved, with the reason.
+    failed: Vec<(usize, String)>,
+    /// Function index and id of every slot built.
+    ids: Vec<(usize, u32)>,
+}
+
+/// Image table being written (`images/<sid>.txt`).
+pub struct ImageTable {
+    text: String,
+    next_id: u32,
+    modules: u32,
+}
+
+impl ImageTable {
+    /// Starts a table for this process image.
+    pub fn new(pid: u32) -> ImageTable {
+        let mut text = format!("{}\t{}\npid\t{}\n", fnscope_abi::image::MAGIC, fnscope_abi::image::VERSION, pid);
+        let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+        let _ = writeln!(text, "exe\t{}", exe.display());
+        let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+        for a in cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()) {
+            let a = String::from_utf8_lossy(a).replace(['\t', '\n'], " ");
+            let _ = writeln!(text, "arg\t{a}");
+        }
+        ImageTable { text, next_id: 0, modules: 0 }
+    }
+
+    /// The text so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+fn name_of(inv: &Inventory, i: usize) -> String {
+    let f = &inv.functions[i];
+    match &f.name {
+        Some(n) => n.replace(['\t', '\n'], " "),
+        None => format!("sub_{:x}", f.address),
+    }
+}
+
+/// Hooks every hookable function of `obj` for tracing, adding it to `table`.
+/// Functions at the run-time addresses in `exclude` (pre-hooked already) are skipped.
+pub fn hook_module(obj: &Loaded, table: &mut ImageTable, exclude: &[u64]) -> Result<ModuleResult, String> {
+    let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
+    let verdicts = fnscope_x86::analyze(&inv, &data);
+    let midx = table.modules;
+    table.modules += 1;
+    let build_id = inv.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+    let _ = writeln!(
+        table.text,
+        "module\t{midx}\t{:x}\t{}\t{}",
+        obj.bias,
+        build_id.as_deref().unwrap_or("-"),
+        obj.path.display()
+    );
+    let mut plans = Vec::new();
+    let mut skips: Vec<(usize, &'static str, String)> = Vec::new();
+    for (i, v) in verdicts.iter().enumerate() {
+        match v {
+            Verdict::Hookable { .. } if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
+                skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".to_string()))
+            }
+            Verdict::Hookable { patch_len } => plans.push(Planned {
+                addr: obj.bias + inv.functions[i].address,
+                patch_len: *patch_len as usize,
+                id: 0,
+                index: i,
+            }),
+            Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
+        }
+    }
+    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Trace, &mut table.next_id)
+        .map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    for (i, why) in built.failed {
+        skips.push((i, skip_reason::UNRELOCATABLE, why));
+    }
+    for &(i, id) in &built.ids {
+        let f = &inv.functions[i];
+        let _ = writeln!(table.text, "func\t{id}\t{midx}\t{:x}\t{}\t{}", f.address, f.size, name_of(&inv, i));
+    }
+    for (i, reason, detail) in &skips {
+        let f = &inv.functions[*i];
+        let _ = writeln!(
+            table.text,
+            "skip\t{midx}\t{:x}\t{}\t{reason}\t{}\t{}",
+            f.address,
+            f.size,
+            detail.replace(['\t', '\n'], " "),
+            name_of(&inv, *i)
+        );
+    }
+    write_patches(&built.patches)?;
+    Ok(ModuleResult { hooked: built.patches.len(), skipped: skips.len() })
+}
+
+/// Installs pre-hooks (kind in the id field) on functions given by run-time address.
+pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
+    let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
+    let verdicts = fnscope_x86::analyze(&inv, &data);
+    let mut plans = Vec::new();
+    for &(addr, kind) in targets {
+        let Some(i) = inv.functions.iter().position(|f| f.address + obj.bias == addr) else { continue };
+        if let Verdict::Hookable { patch_len } = verdicts[i] {
+            plans.push(Planned { addr, patch_len: patch_len as usize, id: kind, index: i });
+        }
+    }
+    if plans.is_empty() {
+        return Ok(0);
+    }
+    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0)?;
+    write_patches(&built.patches)?;
+    Ok(built.patches.len())
+}
+
+/// Whether `path` names the dynamic linker, the vDSO or this agent.
+pub fn never_hook(path: &Path, obj: &Loaded) -> bool {
+    let own = never_hook as *const () as u64;
+    let s = path.to_string_lossy();
+    s.is_empty() || s.contains("ld-linux") || s.contains("linux-vdso") || (own >= obj.lo && own < obj.hi)
+}

@@ -1,0 +1,178 @@
+//! The shared region and its chunks, seen from inside the traced process.
+//!
+//! Everything here that runs after start-up (chunk hand-over) uses atomics on the shared
+//! mapping and raw system calls only: it is reached from the exit stub's slow path.
+
+use crate::sys;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use fnscope_abi::{
+    chunk_offset, records_per_chunk, ChunkHeader, Record, RegionHeader, CHUNK_FLAG_ABANDONED, CHUNK_FULL,
+    CHUNK_OWNED, RECORD_SIZE, REGION_MAGIC, REGION_VERSION,
+};
+
+static BASE: AtomicU64 = AtomicU64::new(0);
+static CHUNK_SIZE: AtomicU32 = AtomicU32::new(0);
+static NCHUNKS: AtomicU32 = AtomicU32::new(0);
+static IMAGE_SID: AtomicU32 = AtomicU32::new(0);
+
+/// Maps the region named by `path` and takes an image session id. Start-up only.
+pub fn attach(path: &str) -> Result<u32, String> {
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open the shared region {path}: {e}"))?;
+    let len = file.metadata().map_err(|e| format!("{path}: {e}"))?.len() as usize;
+    if len < fnscope_abi::REGION_HEADER_SIZE {
+        return Err(format!("shared region {path} is too small ({len} bytes)"));
+    }
+    // SAFETY: a fresh shared mapping of a file we opened read-write; nothing else in this
+    // process refers to the address range it returns.
+    let p = unsafe {
+        libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!("cannot map the shared region {path}: {}", std::io::Error::last_os_error()));
+    }
+    let hdr = p as *mut RegionHeader;
+    // SAFETY: the mapping is at least one header long (checked above) and page aligned.
+    let (magic, version, chunk_size, nchunks) =
+        unsafe { ((*hdr).magic, (*hdr).version, (*hdr).chunk_size, (*hdr).nchunks) };
+    if magic != REGION_MAGIC || version != REGION_VERSION {
+        return Err(format!("{path} is not an fnscope region of version {REGION_VERSION}: agent and recorder differ"));
+    }
+    if fnscope_abi::region_size(chunk_size, nchunks) > len {
+        return Err(format!("shared region {path} is shorter than its header says"));
+    }
+    // SAFETY: `next_image_sid` is a naturally aligned u32 inside the mapping, shared with other
+    // processes only through atomic operations.
+    let sid = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).next_image_sid)) }.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: as above, for `agents`.
+    unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).agents)) }.fetch_add(1, Ordering::AcqRel);
+    CHUNK_SIZE.store(chunk_size, Ordering::Relaxed);
+    NCHUNKS.store(nchunks, Ordering::Relaxed);
+    IMAGE_SID.store(sid, Ordering::Relaxed);
+    BASE.store(p as u64, Ordering::Release);
+    Ok(sid)
+}
+
+/// Whether [`attach`] succeeded.
+pub fn attached() -> bool {
+    BASE.load(Ordering::Acquire) != 0
+}
+
+/// This process image's session id.
+pub fn image_sid() -> u32 {
+    IMAGE_SID.load(Ordering::Relaxed)
+}
+
+fn header() -> *mut RegionHeader {
+    BASE.load(Ordering::Acquire) as *mut RegionHeader
+}
+
+fn chunk(i: u32) -> *mut ChunkHeader {
+    (BASE.load(Ordering::Acquire) as usize + chunk_offset(CHUNK_SIZE.load(Ordering::Relaxed), i)) as *mut ChunkHeader
+}
+
+fn state_of(c: *mut ChunkHeader) -> &'static AtomicU32 {
+    // SAFETY: `state` is the aligned first word of a chunk header inside the shared mapping,
+    // which stays mapped for the life of the process.
+    unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*c).state)) }
+}
+
+/// Records per chunk.
+pub fn capacity() -> usize {
+    records_per_chunk(CHUNK_SIZE.load(Ordering::Relaxed))
+}
+
+/// A chunk taken for a thread: where its records go.
+pub struct Taken {
+    /// The chunk.
+    pub chunk: *mut ChunkHeader,
+    /// First record slot.
+    pub start: u64,
+    /// End of the record area.
+    pub end: u64,
+}
+
+/// Takes a free chunk for thread `tid` of process `pid`, waiting (about two seconds at most)
+/// for the recorder to free one. `None` if none became free: the caller counts the records
+/// it drops.
+pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
+    if !attached() {
+        return None;
+    }
+    let n = NCHUNKS.load(Ordering::Relaxed);
+    let hdr = header();
+    // SAFETY: aligned u32 inside the mapped header.
+    let hint = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).next_chunk_hint)) };
+    // Roughly two seconds at a few GHz; the agent has no calibration of its own.
+    let deadline = crate::stubs::tsc().wrapping_add(6_000_000_000);
+    loop {
+        let start = hint.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            let c = chunk(start.wrapping_add(k) % n);
+            if state_of(c).compare_exchange(fnscope_abi::CHUNK_FREE, CHUNK_OWNED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                // SAFETY: we own the chunk now; its header is ours to fill.
+                unsafe {
+                    (*c).image_sid = image_sid();
+                    (*c).pid = pid;
+                    (*c).tid = tid;
+                    (*c).seq = seq;
+                    (*c).nrec = 0;
+                    (*c).flags = 0;
+                    (*c).lost = lost;
+                }
+                let s = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
+                return Some(Taken { chunk: c, start: s, end: s + (capacity() * RECORD_SIZE) as u64 });
+            }
+        }
+        if (crate::stubs::tsc().wrapping_sub(deadline) as i64) > 0 {
+            return None;
+        }
+        sys::sched_yield();
+    }
+}
+
+/// Hands a chunk holding `nrec` records to the recorder.
+pub fn publish(c: *mut ChunkHeader, nrec: u32, flags: u32) {
+    // SAFETY: the calling thread owns `c`; the release store below publishes these fields.
+    unsafe {
+        (*c).nrec = nrec;
+        (*c).flags |= flags;
+    }
+    state_of(c).store(CHUNK_FULL, Ordering::Release);
+}
+
+/// Adds to the region-wide count of dropped records.
+pub fn add_lost(n: u64) {
+    if attached() && n > 0 {
+        let hdr = header();
+        // SAFETY: aligned u64 inside the mapped header.
+        unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*hdr).lost_records)) }.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Publishes chunks that an earlier image of this process (before `exec`) still owned: their
+/// threads are gone and will never publish them. Start-up only.
+pub fn abandon_previous_images(pid: u32) {
+    let me = image_sid();
+    let cap = capacity();
+    for i in 0..NCHUNKS.load(Ordering::Relaxed) {
+        let c = chunk(i);
+        if state_of(c).load(Ordering::Acquire) != CHUNK_OWNED {
+            continue;
+        }
+        // SAFETY: reading the header of an owned chunk whose owner no longer runs (same pid,
+        // other image): nobody writes it any more.
+        let (cpid, csid) = unsafe { ((*c).pid, (*c).image_sid) };
+        if cpid != pid || csid == me {
+            continue;
+        }
+        let recs = (c as usize + fnscope_abi::CHUNK_HEADER_SIZE) as *const Record;
+        // SAFETY: the record area holds `cap` records inside the chunk.
+        let n = (0..cap).take_while(|&k| unsafe { (*recs.add(k)).is_present() }).count();
+        publish(c, n as u32, CHUNK_FLAG_ABANDONED);
+    }
+}

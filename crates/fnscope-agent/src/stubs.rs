@@ -1,0 +1,305 @@
+//! The hot path: entry and exit stubs in hand-written assembly.
+//!
+//! A hooked function's first bytes jump to its *slot* in a trampoline area near the module:
+//!
+//! ```text
+//! slot+0   mov [rsp-8], r11              ; the program's r11 (GCC's -fipa-ra may keep it live)
+//! slot+5   lea r11, [rip + slot+24]      ; address of the relocated original prologue
+//! slot+12  jmp qword ptr [rip + entry]   ; absolute address of the stub, in the area's header
+//! slot+20  u32 function id
+//! slot+24  relocated prologue, then jmp back into the function
+//! ```
+//!
+//! `fnscope_entry` pushes a shadow-stack entry holding the return address, pops that address
+//! off the stack and `call`s the function, whose return lands on `fnscope_exit`. That pops
+//! the entry, writes one paired [`fnscope_abi::Record`] and returns to the real return
+//! address.
+//!
+//! Rules both stubs follow (why they are safe in any program):
+//! - Every general-purpose and vector register the program can see is preserved, including
+//!   caller-saved ones: GCC's `-fipa-ra` lets a caller keep values in registers a known callee
+//!   does not touch, so "caller-saved" is not a licence to clobber. Only the status flags are
+//!   clobbered; no calling convention keeps them live across a call or return.
+//! - Spills go below `rsp`. At a function's entry (and after its return) that memory belongs
+//!   to the callee, never to the caller's red zone: the `call` itself wrote there. The kernel
+//!   puts signal frames 128 bytes further down, so spills survive a signal.
+//! - Per-thread state is one `fs`-relative load (initial-exec TLS, the agent is preloaded).
+//! - Reservations of shadow-stack slots and record slots are single `xadd` instructions (not
+//!   `lock`ed: only this thread touches its state, and a signal arrives between instructions),
+//!   so a signal handler that calls hooked functions in the middle of a stub takes the next
+//!   slot instead of overwriting this one.
+//! - Anything rare (first call of a thread, full buffer, frames skipped by longjmp or an
+//!   exception) goes to Rust code through `SAVE_ALL`/`RESTORE_ALL`, which preserve all
+//!   general-purpose registers and xmm0-15 and align the stack; the Rust side makes raw system
+//!   calls only.
+//!
+//! Thread-state offsets used here are checked against [`crate::thread::ThreadState`] by
+//! compile-time assertions there.
+
+use core::arch::global_asm;
+
+/// Offset of the function id within a slot, and of the relocated prologue.
+pub const SLOT_ID_OFFSET: usize = 20;
+/// Offset of the relocated prologue within a slot.
+pub const SLOT_CODE_OFFSET: usize = 24;
+
+global_asm!(
+    r#"
+    .section .tbss,"awT",@nobits
+    .p2align 3
+    .globl fnscope_tls
+    .hidden fnscope_tls
+    .type fnscope_tls,@object
+    .size fnscope_tls, 8
+fnscope_tls:
+    .zero 8
+
+    .text
+
+    .macro SAVE_ALL
+    lea rsp, [rsp - 128]
+    push rax
+    push rcx
+    push rdx
+    push rsi
+    push rdi
+    push r8
+    push r9
+    push r10
+    push r11
+    push rbp
+    mov rbp, rsp
+    and rsp, -16
+    sub rsp, 256
+    movdqu [rsp + 0], xmm0
+    movdqu [rsp + 16], xmm1
+    movdqu [rsp + 32], xmm2
+    movdqu [rsp + 48], xmm3
+    movdqu [rsp + 64], xmm4
+    movdqu [rsp + 80], xmm5
+    movdqu [rsp + 96], xmm6
+    movdqu [rsp + 112], xmm7
+    movdqu [rsp + 128], xmm8
+    movdqu [rsp + 144], xmm9
+    movdqu [rsp + 160], xmm10
+    movdqu [rsp + 176], xmm11
+    movdqu [rsp + 192], xmm12
+    movdqu [rsp + 208], xmm13
+    movdqu [rsp + 224], xmm14
+    movdqu [rsp + 240], xmm15
+    .endm
+
+    /* Flag-neutral on purpose: callers test a result before restoring. */
+    .macro RESTORE_ALL
+    movdqu xmm0, [rsp + 0]
+    movdqu xmm1, [rsp + 16]
+    movdqu xmm2, [rsp + 32]
+    movdqu xmm3, [rsp + 48]
+    movdqu xmm4, [rsp + 64]
+    movdqu xmm5, [rsp + 80]
+    movdqu xmm6, [rsp + 96]
+    movdqu xmm7, [rsp + 112]
+    movdqu xmm8, [rsp + 128]
+    movdqu xmm9, [rsp + 144]
+    movdqu xmm10, [rsp + 160]
+    movdqu xmm11, [rsp + 176]
+    movdqu xmm12, [rsp + 192]
+    movdqu xmm13, [rsp + 208]
+    movdqu xmm14, [rsp + 224]
+    movdqu xmm15, [rsp + 240]
+    mov rsp, rbp
+    pop rbp
+    pop r11
+    pop r10
+    pop r9
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
+    pop rcx
+    pop rax
+    lea rsp, [rsp + 128]
+    .endm
+
+    /* In SAVE_ALL's frame, the stack pointer from before SAVE_ALL is rbp + 208. */
+
+    .globl fnscope_entry
+    .hidden fnscope_entry
+    .type fnscope_entry,@function
+    .p2align 4
+fnscope_entry:
+    /* The slot saved the program's r11 at [rsp-8] and put the relocated prologue in r11. */
+    mov [rsp - 16], rax
+    mov [rsp - 24], rdx
+    mov [rsp - 32], rcx
+    mov [rsp - 40], r11
+.Lentry_retry:
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdx, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov rdx, qword ptr fs:[rdx]
+    test rdx, rdx
+    jz .Lentry_init
+    mov ecx, 32
+    xadd qword ptr [rdx], rcx
+    cmp rcx, qword ptr [rdx + 8]
+    jae .Lentry_untraced
+    mov qword ptr [rcx + 8], rax
+    mov eax, dword ptr [r11 - 4]
+    mov qword ptr [rcx + 16], rax
+    mov qword ptr [rcx + 24], rsp
+    mov rax, qword ptr [rsp]
+    mov qword ptr [rcx], rax
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    /* Drop the caller's return address (it is on the shadow stack) and call the function
+       from here: the `call` puts fnscope_exit in the very same stack slot, so the stack
+       looks as the function expects, and both its `ret` and ours below are predicted by the
+       return stack buffer (replacing the return address in place would mispredict both). */
+    lea rsp, [rsp + 8]
+    call qword ptr [rsp - 48]
+    .globl fnscope_exit
+    .hidden fnscope_exit
+fnscope_exit:
+    sub rsp, 8
+    mov [rsp - 8], rax
+    mov [rsp - 16], rdx
+    mov [rsp - 24], rcx
+    mov [rsp - 32], rsi
+    mov [rsp - 40], r11
+.Lexit_retry:
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdx, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov rdx, qword ptr fs:[rdx]
+    mov rcx, qword ptr [rdx]
+    sub rcx, 32
+    cmp qword ptr [rcx + 24], rsp
+    jne .Lexit_mismatch
+    mov rsi, qword ptr [rcx]
+    mov qword ptr [rsp], rsi
+.Lexit_reserve:
+    mov esi, 24
+    xadd qword ptr [rdx + 16], rsi
+    cmp rsi, qword ptr [rdx + 24]
+    jae .Lexit_full
+    mov r11, qword ptr [rcx + 8]
+    mov qword ptr [rsi], r11
+    mov qword ptr [rsi + 8], rax
+    mov rax, rcx
+    sub rax, qword ptr [rdx + 32]
+    shl rax, 27
+    mov r11, qword ptr [rcx + 16]
+    lea rax, [rax + r11 + 1]
+    mov qword ptr [rsi + 16], rax
+.Lexit_pop:
+    sub qword ptr [rdx], 32
+    mov r11, [rsp - 40]
+    mov rsi, [rsp - 32]
+    mov rcx, [rsp - 24]
+    mov rdx, [rsp - 16]
+    mov rax, [rsp - 8]
+    ret
+.Lexit_full:
+    SAVE_ALL
+    mov rdi, rdx
+    call fnscope_buffer_full
+    test eax, eax
+    RESTORE_ALL
+    jz .Lexit_reserve
+    jmp .Lexit_pop
+.Lexit_mismatch:
+    SAVE_ALL
+    mov rdi, rdx
+    lea rsi, [rbp + 208]
+    call fnscope_exit_mismatch
+    RESTORE_ALL
+    jmp .Lexit_retry
+.Lentry_untraced:
+    /* Shadow stack full, or tracing paused while an exception unwinds: run the call
+       unrecorded (its return address stays as it is). */
+    sub qword ptr [rdx], 32
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 40]
+.Lentry_init:
+    SAVE_ALL
+    call fnscope_thread_init
+    RESTORE_ALL
+    jmp .Lentry_retry
+    .size fnscope_entry, . - fnscope_entry
+
+    /* Pre-hooks on the unwinder: call the Rust handler with the hook kind (the slot's id
+       field) and the stack pointer at entry, then run the original function. */
+    .globl fnscope_prehook
+    .hidden fnscope_prehook
+    .type fnscope_prehook,@function
+    .p2align 4
+fnscope_prehook:
+    mov [rsp - 16], r11
+    SAVE_ALL
+    mov edi, dword ptr [r11 - 4]
+    lea rsi, [rbp + 208]
+    call fnscope_prehook_handler
+    RESTORE_ALL
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 16]
+    .size fnscope_prehook, . - fnscope_prehook
+
+    .globl fnscope_tls_get
+    .hidden fnscope_tls_get
+    .type fnscope_tls_get,@function
+fnscope_tls_get:
+    mov rax, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov rax, qword ptr fs:[rax]
+    ret
+    .size fnscope_tls_get, . - fnscope_tls_get
+
+    .globl fnscope_tls_set
+    .hidden fnscope_tls_set
+    .type fnscope_tls_set,@function
+fnscope_tls_set:
+    mov rax, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov qword ptr fs:[rax], rdi
+    ret
+    .size fnscope_tls_set, . - fnscope_tls_set
+
+    .globl fnscope_rdtsc
+    .hidden fnscope_rdtsc
+    .type fnscope_rdtsc,@function
+fnscope_rdtsc:
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    ret
+    .size fnscope_rdtsc, . - fnscope_rdtsc
+"#
+);
+
+extern "C" {
+    /// Common entry stub; jumped to from a slot with `r11` = relocated prologue.
+    pub fn fnscope_entry();
+    /// Exit stub; hooked functions return into it.
+    pub fn fnscope_exit();
+    /// Common stub of pre-hooks (see [`crate::unwind`]).
+    pub fn fnscope_prehook();
+    /// Reads this thread's state pointer.
+    pub fn fnscope_tls_get() -> *mut crate::thread::ThreadState;
+    /// Sets this thread's state pointer.
+    pub fn fnscope_tls_set(state: *mut crate::thread::ThreadState);
+    /// Reads the time-stamp counter.
+    pub fn fnscope_rdtsc() -> u64;
+}
+
+/// Reads the time-stamp counter.
+#[inline]
+pub fn tsc() -> u64 {
+    // SAFETY: `fnscope_rdtsc` only executes rdtsc; it touches no memory.
+    unsafe { fnscope_rdtsc() }
+}

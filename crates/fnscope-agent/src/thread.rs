@@ -1,0 +1,407 @@
+//! Per-thread state and the slow paths the stubs call.
+
+use crate::{region, stubs, sys};
+use core::mem::offset_of;
+use core::ptr::{addr_of_mut, read_volatile, write_volatile};
+use fnscope_abi::{ChunkHeader, Record, CHUNK_FLAG_LAST, RECORD_SIZE, REC_FLAG_UNWOUND};
+
+/// One thread's tracing state. The first fields are read by the stubs at fixed offsets.
+#[repr(C)]
+pub struct ThreadState {
+    /// Next free shadow-stack entry.
+    pub ss_top: u64,
+    /// End of usable shadow-stack entries; 0 while tracing is paused.
+    pub ss_limit: u64,
+    /// Next record slot.
+    pub buf_ptr: u64,
+    /// End of the record area; 0 forces the slow path (no chunk, or chunk being swapped).
+    pub buf_end: u64,
+    /// First shadow-stack entry.
+    pub ss_base: u64,
+    /// Chunk being filled, or null.
+    pub chunk: *mut ChunkHeader,
+    /// Real end of the shadow stack (restored into `ss_limit` after a pause).
+    pub ss_end: u64,
+    /// Sequence number of the next chunk of this thread.
+    pub seq: u64,
+    /// Records dropped since the last chunk was taken.
+    pub lost: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Non-zero while a slow path runs (a signal handler's records are then dropped).
+    pub in_slow: u32,
+    /// Non-zero once the thread (or process) is finishing: records are dropped.
+    pub exited: u32,
+    /// Exceptions being unwound through restored frames (tracing paused while non-zero).
+    pub unwinding: u32,
+}
+
+/// One shadow-stack entry, 32 bytes, laid out as the stubs write it.
+#[repr(C)]
+pub struct ShadowEntry {
+    /// The caller's real return address.
+    pub ret: u64,
+    /// Time-stamp counter at entry.
+    pub t_entry: u64,
+    /// Function id.
+    pub id: u64,
+    /// Address of the stack slot holding the return address (rsp at entry).
+    pub slot: u64,
+}
+
+const _: () = {
+    assert!(offset_of!(ThreadState, ss_top) == 0);
+    assert!(offset_of!(ThreadState, ss_limit) == 8);
+    assert!(offset_of!(ThreadState, buf_ptr) == 16);
+    assert!(offset_of!(ThreadState, buf_end) == 24);
+    assert!(offset_of!(ThreadState, ss_base) == 32);
+    assert!(core::mem::size_of::<ShadowEntry>() == 32);
+    assert!(core::mem::size_of::<ThreadState>() <= 4096);
+};
+
+/// Shadow-stack entries per thread: calls nested deeper than this are not recorded.
+pub const SHADOW_ENTRIES: usize = 1 << 16;
+const SHADOW_BYTES: usize = SHADOW_ENTRIES * core::mem::size_of::<ShadowEntry>();
+
+struct Disabled(core::cell::UnsafeCell<ThreadState>);
+// SAFETY: the stubs only ever `xadd` to and subtract from `ss_top` of this state; its value
+// is never used because `ss_limit` is 0, so racy updates from several threads are harmless.
+unsafe impl Sync for Disabled {}
+
+/// State of threads that must not be traced (agent inactive, thread starting or failing to
+/// set up): its `ss_limit` of 0 sends every call down the stub's untraced path.
+static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
+    ss_top: 0,
+    ss_limit: 0,
+    buf_ptr: 0,
+    buf_end: 0,
+    ss_base: 0,
+    chunk: core::ptr::null_mut(),
+    ss_end: 0,
+    seq: 0,
+    lost: 0,
+    pid: 0,
+    tid: 0,
+    in_slow: 0,
+    exited: 1,
+    unwinding: 0,
+}));
+
+fn disabled() -> *mut ThreadState {
+    DISABLED.0.get()
+}
+
+/// This thread's live state, if it has one.
+pub fn current() -> Option<*mut ThreadState> {
+    // SAFETY: reads this thread's TLS word.
+    let st = unsafe { stubs::fnscope_tls_get() };
+    if st.is_null() || st == disabled() {
+        None
+    } else {
+        Some(st)
+    }
+}
+
+static mut KEY: libc::pthread_key_t = 0;
+
+/// Start-up: thread-exit and fork hooks. Must run before any function is hooked.
+pub fn install_process_hooks() {
+    // SAFETY: called once, single-threaded, at start-up; KEY is written only here.
+    unsafe {
+        libc::pthread_key_create(addr_of_mut!(KEY), Some(thread_exit));
+        libc::pthread_atfork(None, None, Some(after_fork_child));
+    }
+}
+
+/// First hooked call of a thread: sets up its state. Called by the entry stub.
+#[no_mangle]
+extern "C" fn fnscope_thread_init() {
+    // SAFETY: marks this thread untraced first, so that hooked functions called below (libc's,
+    // when libc is hooked) take the untraced path instead of coming back here.
+    unsafe { stubs::fnscope_tls_set(disabled()) };
+    if !crate::active() {
+        return;
+    }
+    let mem = sys::mmap_anon(4096 + SHADOW_BYTES);
+    if mem.is_null() {
+        return;
+    }
+    let st = mem as *mut ThreadState;
+    let base = mem as u64 + 4096;
+    // SAFETY: `mem` is a fresh zeroed private mapping large enough for the state page and the
+    // shadow stack; the entry stub reads `ss_base - 32` as a sentinel, which is the state page.
+    unsafe {
+        (*st).ss_base = base;
+        (*st).ss_top = base;
+        (*st).ss_end = base + SHADOW_BYTES as u64;
+        (*st).ss_limit = (*st).ss_end;
+        (*st).pid = sys::getpid();
+        (*st).tid = sys::gettid();
+        libc::pthread_setspecific(KEY, st as *const libc::c_void);
+        stubs::fnscope_tls_set(st);
+    }
+}
+
+/// pthread key destructor: the thread is ending; hand its chunk to the recorder.
+extern "C" fn thread_exit(p: *mut libc::c_void) {
+    let st = p as *mut ThreadState;
+    // SAFETY: `p` is the state this thread registered in `fnscope_thread_init`.
+    unsafe { finish(st) };
+}
+
+/// Publishes the thread's chunk as its last and drops any later record.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn finish(st: *mut ThreadState) {
+    // SAFETY: the caller guarantees `st` is this thread's live state.
+    unsafe {
+        write_volatile(addr_of_mut!((*st).exited), 1);
+        write_volatile(addr_of_mut!((*st).buf_end), 0);
+        let c = (*st).chunk;
+        if !c.is_null() {
+            (*st).chunk = core::ptr::null_mut();
+            region::publish(c, filled(st, c), CHUNK_FLAG_LAST);
+        }
+        region::add_lost((*st).lost);
+        (*st).lost = 0;
+    }
+}
+
+/// Records written to chunk `c` so far.
+///
+/// # Safety
+/// `c` must be the chunk `st` is filling.
+unsafe fn filled(st: *mut ThreadState, c: *mut ChunkHeader) -> u32 {
+    let start = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
+    let cap = region::capacity() as u64;
+    // SAFETY: per the caller's guarantee.
+    let ptr = unsafe { read_volatile(addr_of_mut!((*st).buf_ptr)) };
+    (ptr.saturating_sub(start) / RECORD_SIZE as u64).min(cap) as u32
+}
+
+/// After `fork`, in the child: the chunk being filled belongs to the parent's thread. Start a
+/// stream of the child's own; the shadow stack (private memory) was copied and stays valid.
+extern "C" fn after_fork_child() {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state; the child has only this thread.
+    unsafe {
+        (*st).chunk = core::ptr::null_mut();
+        (*st).buf_end = 0;
+        (*st).buf_ptr = 0;
+        (*st).seq = 0;
+        (*st).lost = 0;
+        (*st).pid = sys::getpid();
+        (*st).tid = sys::gettid();
+    }
+}
+
+/// Swaps a full chunk for a new one. Returns 0 when the stub may retry, 1 when it must drop
+/// its record.
+#[no_mangle]
+extern "C" fn fnscope_buffer_full(st: *mut ThreadState) -> u32 {
+    // SAFETY: the exit stub passes this thread's state.
+    unsafe {
+        if read_volatile(addr_of_mut!((*st).in_slow)) != 0 || (*st).exited != 0 {
+            (*st).lost += 1;
+            return 1;
+        }
+        write_volatile(addr_of_mut!((*st).in_slow), 1);
+        let ok = refill(st);
+        write_volatile(addr_of_mut!((*st).in_slow), 0);
+        if ok {
+            0
+        } else {
+            (*st).lost += 1;
+            1
+        }
+    }
+}
+
+/// Publishes the current chunk (if any) and takes a new one.
+///
+/// # Safety
+/// `st` must be the calling thread's state, with `in_slow` set.
+unsafe fn refill(st: *mut ThreadState) -> bool {
+    // SAFETY: per the caller's guarantee; `buf_end = 0` first so that a signal handler's record
+    // goes to the slow path (and is dropped there) while the chunk is being swapped.
+    unsafe {
+        write_volatile(addr_of_mut!((*st).buf_end), 0);
+        let c = (*st).chunk;
+        if !c.is_null() {
+            (*st).chunk = core::ptr::null_mut();
+            region::publish(c, filled(st, c), 0);
+        }
+        let lost = (*st).lost;
+        match region::acquire((*st).pid, (*st).tid, (*st).seq, lost) {
+            Some(t) => {
+                (*st).seq += 1;
+                (*st).lost = 0;
+                region::add_lost(lost);
+                (*st).chunk = t.chunk;
+                write_volatile(addr_of_mut!((*st).buf_ptr), t.start);
+                write_volatile(addr_of_mut!((*st).buf_end), t.end);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Writes one record from Rust (slow paths), taking a new chunk if needed.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn emit(st: *mut ThreadState, rec: Record) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        if (*st).exited != 0 {
+            (*st).lost += 1;
+            return;
+        }
+        let mut ptr = read_volatile(addr_of_mut!((*st).buf_ptr));
+        if ptr + RECORD_SIZE as u64 > read_volatile(addr_of_mut!((*st).buf_end)) {
+            let prev = read_volatile(addr_of_mut!((*st).in_slow));
+            write_volatile(addr_of_mut!((*st).in_slow), 1);
+            let ok = refill(st);
+            write_volatile(addr_of_mut!((*st).in_slow), prev);
+            if !ok {
+                (*st).lost += 1;
+                return;
+            }
+            ptr = (*st).buf_ptr;
+        }
+        write_volatile(addr_of_mut!((*st).buf_ptr), ptr + RECORD_SIZE as u64);
+        let r = ptr as *mut Record;
+        write_volatile(addr_of_mut!((*r).t_entry), rec.t_entry);
+        write_volatile(addr_of_mut!((*r).t_exit), rec.t_exit);
+        write_volatile(addr_of_mut!((*r).id_depth), rec.id_depth);
+    }
+}
+
+/// Pops the top shadow entry as a call that did not return normally.
+///
+/// # Safety
+/// `st` must be the calling thread's state with a non-empty shadow stack.
+unsafe fn pop_unwound(st: *mut ThreadState, now: u64) {
+    // SAFETY: per the caller's guarantee the top entry exists.
+    unsafe {
+        let top = read_volatile(addr_of_mut!((*st).ss_top)) - 32;
+        let e = top as *const ShadowEntry;
+        let depth = ((top - (*st).ss_base) / 32) as u32;
+        emit(st, Record::new((*e).t_entry, now, (*e).id as u32, depth, REC_FLAG_UNWOUND));
+        write_volatile(addr_of_mut!((*st).ss_top), top);
+    }
+}
+
+fn fatal(msg: &[u8]) -> ! {
+    sys::write_stderr(msg);
+    // SAFETY: abort never returns; nothing else is sound once a return address is lost.
+    unsafe { libc::abort() }
+}
+
+/// The exit stub found that the top shadow entry is not this frame's: frames above it were
+/// left without returning (longjmp, an exception caught without the unwinder hooks). Pops
+/// them as unwound calls. `rsp` is the exit stub's return-address slot.
+#[no_mangle]
+extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
+    let now = stubs::tsc();
+    // SAFETY: the exit stub passes this thread's state.
+    unsafe {
+        loop {
+            let top = read_volatile(addr_of_mut!((*st).ss_top));
+            if top <= (*st).ss_base {
+                fatal(b"fnscope: a hooked function returned but its return address is not on the shadow stack; aborting (please report this program)\n");
+            }
+            let e = (top - 32) as *const ShadowEntry;
+            if (*e).slot == rsp {
+                return;
+            }
+            if (*e).slot > rsp {
+                fatal(b"fnscope: shadow stack out of order (stack switching?); aborting (please report this program)\n");
+            }
+            pop_unwound(st, now);
+        }
+    }
+}
+
+/// An exception starts unwinding: give every hooked frame its real return address back so
+/// that the unwinder sees an ordinary stack, and pause tracing until it is caught. `rsp` is
+/// the stack pointer at the unwinder's entry: frames below it are already gone.
+pub fn unwind_begins(rsp: u64) {
+    let Some(st) = current() else { return };
+    let now = stubs::tsc();
+    // SAFETY: `st` is this thread's state; every slot written holds fnscope_exit, i.e. is a live
+    // return-address slot we replaced ourselves.
+    unsafe {
+        while (*st).ss_top > (*st).ss_base && (*((((*st).ss_top) - 32) as *const ShadowEntry)).slot < rsp {
+            pop_unwound(st, now);
+        }
+        let exit = stubs::fnscope_exit as *const () as u64;
+        let mut p = (*st).ss_top;
+        while p > (*st).ss_base {
+            p -= 32;
+            let e = p as *const ShadowEntry;
+            let slot = (*e).slot as *mut u64;
+            if read_volatile(slot) == exit {
+                write_volatile(slot, (*e).ret);
+            }
+        }
+        (*st).unwinding += 1;
+        write_volatile(addr_of_mut!((*st).ss_limit), 0);
+    }
+}
+
+/// An exception was caught by code whose stack pointer is `caller_rsp`: frames below are
+/// gone (recorded as unwound), frames above are live again and get their exit stub back.
+pub fn unwind_caught(caller_rsp: u64) {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state; live entries' slots hold their real return address
+    // (restored by `unwind_begins`), and we only swap it back when it still does.
+    unsafe {
+        if (*st).unwinding == 0 {
+            return;
+        }
+        (*st).unwinding -= 1;
+        if (*st).unwinding != 0 {
+            return;
+        }
+        let now = stubs::tsc();
+        while (*st).ss_top > (*st).ss_base && (*((((*st).ss_top) - 32) as *const ShadowEntry)).slot < caller_rsp {
+            pop_unwound(st, now);
+        }
+        let exit = stubs::fnscope_exit as *const () as u64;
+        let mut p = (*st).ss_top;
+        while p > (*st).ss_base {
+            p -= 32;
+            let e = p as *const ShadowEntry;
+            let slot = (*e).slot as *mut u64;
+            if read_volatile(slot) == (*e).ret {
+                write_volatile(slot, exit);
+            }
+        }
+        write_volatile(addr_of_mut!((*st).ss_limit), (*st).ss_end);
+    }
+}
+
+/// Process exit (the agent's destructor, inside `exit`): calls still open on this thread will
+/// never return; record them as ending now and hand the chunk over.
+pub fn process_exit() {
+    let Some(st) = current() else { return };
+    let now = stubs::tsc();
+    // SAFETY: `st` is this thread's state. Entries are emitted without popping them: `exit`
+    // never returns into those frames, and leaving them keeps the stack consistent for any
+    // hooked code that still runs after us.
+    unsafe {
+        let mut p = (*st).ss_top;
+        while p > (*st).ss_base {
+            p -= 32;
+            let e = p as *const ShadowEntry;
+            let depth = ((p - (*st).ss_base) / 32) as u32;
+            emit(st, Record::new((*e).t_entry, now, (*e).id as u32, depth, REC_FLAG_UNWOUND));
+        }
+        finish(st);
+    }
+}

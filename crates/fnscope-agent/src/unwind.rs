@@ -1,0 +1,61 @@
+//! Keeping C++ exceptions (and forced unwinds such as `pthread_exit`) working through hooked
+//! frames.
+//!
+//! The unwinder finds each frame's caller from its return address; a hooked frame's return
+//! address is `fnscope_exit`, which it cannot unwind. So the unwinder's entry points get a
+//! pre-hook that puts the real return addresses back and pauses tracing on the thread
+//! ([`crate::thread::unwind_begins`]); the start of a `catch` block
+//! (`__cxa_begin_catch`) records the frames that are gone and re-arms the live ones
+//! ([`crate::thread::unwind_caught`]).
+
+use crate::hook::{self, Loaded};
+use crate::thread;
+
+/// Pre-hook kind: an unwind starts.
+const KIND_BEGIN: u32 = 1;
+/// Pre-hook kind: an exception is caught.
+const KIND_CAUGHT: u32 = 2;
+
+const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
+const CAUGHT: &[&str] = &["__cxa_begin_catch"];
+
+/// Called by `fnscope_prehook` with the kind and the stack pointer at the hooked function's
+/// entry (pointing at its return address).
+#[no_mangle]
+extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64) {
+    match kind {
+        KIND_BEGIN => thread::unwind_begins(rsp),
+        KIND_CAUGHT => thread::unwind_caught(rsp + 8),
+        _ => {}
+    }
+}
+
+/// Hooks the unwinder entry points and `__cxa_begin_catch` wherever they are defined among
+/// the loaded objects. Returns how many were hooked and their addresses.
+pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
+    let mut n = 0;
+    let mut targets: Vec<(u64, u32)> = Vec::new();
+    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT)] {
+        for name in names {
+            let c = std::ffi::CString::new(*name).expect("static name without NUL");
+            // SAFETY: dlsym with RTLD_DEFAULT and a valid C string only looks a symbol up.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
+            if !p.is_null() {
+                targets.push((p as u64, kind));
+            }
+        }
+    }
+    targets.sort();
+    targets.dedup_by_key(|t| t.0);
+    for obj in objs {
+        let mine: Vec<(u64, u32)> = targets.iter().copied().filter(|&(a, _)| a >= obj.lo && a < obj.hi).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        match hook::prehook(obj, &mine) {
+            Ok(k) => n += k,
+            Err(e) => crate::warn(&format!("cannot hook the unwinder in {}: {e}", obj.path.display())),
+        }
+    }
+    (n, targets.iter().map(|t| t.0).collect())
+}

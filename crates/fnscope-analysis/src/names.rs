@@ -1,0 +1,97 @@
+//! Turning `(image sid, function id)` into one function shared by all images.
+//!
+//! Forked children keep their parent's image (same sid), and every exec of the same binary
+//! gets a new sid with the same functions: both must count as one function. A function is
+//! therefore identified by its module path, the module's build-id and its link-time address.
+
+use fnscope_format::ImageTable;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One function as reports show it.
+#[derive(Clone, Debug)]
+pub(crate) struct FuncInfo {
+    pub raw_name: String,
+    /// File name of the module.
+    pub module: String,
+    pub address: u64,
+    /// Demangled on first use: most functions of a big program are never called.
+    name: Option<String>,
+}
+
+#[derive(Default)]
+pub(crate) struct Names {
+    funcs: Vec<FuncInfo>,
+    by_key: HashMap<(String, Option<String>, u64), u32>,
+    by_sid: HashMap<u32, Vec<u32>>,
+    unknown: HashMap<(u32, u32), u32>,
+}
+
+impl Names {
+    pub fn new<'a>(images: impl IntoIterator<Item = &'a ImageTable>) -> Names {
+        let mut n = Names::default();
+        for t in images {
+            n.add_image(t);
+        }
+        n
+    }
+
+    fn add_image(&mut self, t: &ImageTable) {
+        let mut ids = Vec::with_capacity(t.funcs.len());
+        for f in &t.funcs {
+            let (path, build_id) = match t.module(f.module) {
+                Some(m) => (m.path.clone(), m.build_id.clone()),
+                None => (String::from("?"), None),
+            };
+            let module = Path::new(&path)
+                .file_name()
+                .map_or_else(|| path.clone(), |s| s.to_string_lossy().into_owned());
+            let next = self.funcs.len() as u32;
+            let idx = *self
+                .by_key
+                .entry((path, build_id, f.address))
+                .or_insert(next);
+            if idx == next {
+                self.funcs.push(FuncInfo {
+                    raw_name: f.raw_name.clone(),
+                    module,
+                    address: f.address,
+                    name: None,
+                });
+            }
+            ids.push(idx);
+        }
+        self.by_sid.insert(t.sid, ids);
+    }
+
+    /// The function that records of image `sid` call `id`; ids no table names get a
+    /// placeholder of their own, so that they still show up in reports.
+    pub fn index(&mut self, sid: u32, id: u32) -> u32 {
+        if let Some(&i) = self.by_sid.get(&sid).and_then(|v| v.get(id as usize)) {
+            return i;
+        }
+        let next = self.funcs.len() as u32;
+        let i = *self.unknown.entry((sid, id)).or_insert(next);
+        if i == next {
+            let label = format!("<unknown function {id} of image {sid}>");
+            self.funcs.push(FuncInfo {
+                raw_name: label.clone(),
+                module: "?".into(),
+                address: 0,
+                name: Some(label),
+            });
+        }
+        i
+    }
+
+    pub fn info(&self, idx: u32) -> &FuncInfo {
+        &self.funcs[idx as usize]
+    }
+
+    /// The demangled name of function `idx`.
+    pub fn name(&mut self, idx: u32) -> &str {
+        let f = &mut self.funcs[idx as usize];
+        f.name
+            .get_or_insert_with(|| fnscope_symbols::demangle(&f.raw_name))
+    }
+}

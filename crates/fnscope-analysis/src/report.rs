@@ -1,0 +1,481 @@
+//! Per-function and per-thread statistics, computed in one streaming pass.
+
+use crate::names::Names;
+use crate::{format_duration, scan, ticks_to_ns, AnalysisError, Trace};
+use fnscope_format::ThreadSegment;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+
+/// Statistics of one function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FuncStats {
+    /// Demangled name.
+    pub name: String,
+    /// Name as found in the ELF file.
+    pub raw_name: String,
+    /// File name of the ELF module.
+    pub module: String,
+    /// Link-time address in the module.
+    pub address: u64,
+    /// Completed calls (calls cut short by a longjmp/exception count too).
+    pub calls: u64,
+    /// Sum of the calls' durations. Nested calls of a recursive function are each counted,
+    /// so this can exceed the run time.
+    pub total_ns: u64,
+    /// Sum of the durations minus the time spent in hooked callees.
+    pub self_ns: u64,
+    /// Shortest call.
+    pub min_ns: u64,
+    /// Longest call.
+    pub max_ns: u64,
+}
+
+impl FuncStats {
+    /// Average duration of a call.
+    pub fn avg_ns(&self) -> u64 {
+        self.total_ns.checked_div(self.calls).unwrap_or(0)
+    }
+}
+
+/// Statistics of one thread.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStats {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Calls recorded.
+    pub calls: u64,
+    /// Earliest call entry, in ns since the start of the recording.
+    pub first_ns: u64,
+    /// Latest call exit, in ns since the start of the recording; the run time is
+    /// `last_ns - first_ns`.
+    pub last_ns: u64,
+    /// Records the thread lost because the shared buffer was full.
+    pub lost: u64,
+}
+
+impl ThreadStats {
+    /// From the earliest start to the latest end of the thread's calls.
+    pub fn run_ns(&self) -> u64 {
+        self.last_ns.saturating_sub(self.first_ns)
+    }
+}
+
+/// The result of [`report`].
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// All functions that were called, sorted by total time.
+    pub functions: Vec<FuncStats>,
+    /// All threads that recorded calls, by pid and tid.
+    pub threads: Vec<ThreadStats>,
+    /// Functions per `(pid, tid)`, when asked for.
+    pub per_thread: Option<BTreeMap<(u32, u32), Vec<FuncStats>>>,
+    /// The trace ended abruptly or was damaged: figures cover only what was read.
+    pub truncated: bool,
+    /// Problems the user should know about.
+    pub warnings: Vec<String>,
+}
+
+/// What to sort functions by (largest first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    /// Number of calls.
+    Calls,
+    /// Total time.
+    Total,
+    /// Self time.
+    SelfTime,
+    /// Average time per call.
+    Avg,
+}
+
+/// Sorts functions by `key`, largest first; ties by name so that output is stable.
+pub fn sort(funcs: &mut [FuncStats], key: SortKey) {
+    let k = |f: &FuncStats| match key {
+        SortKey::Calls => f.calls,
+        SortKey::Total => f.total_ns,
+        SortKey::SelfTime => f.self_ns,
+        SortKey::Avg => f.avg_ns(),
+    };
+    funcs.sort_by(|a, b| k(b).cmp(&k(a)).then_with(|| a.name.cmp(&b.name)));
+}
+
+/// Sums in TSC ticks; converted to ns once at the end, when the calibration is known.
+#[derive(Clone, Copy)]
+struct Agg {
+    calls: u64,
+    total: u64,
+    self_t: u64,
+    min: u64,
+    max: u64,
+}
+
+impl Default for Agg {
+    fn default() -> Agg {
+        Agg {
+            calls: 0,
+            total: 0,
+            self_t: 0,
+            min: u64::MAX,
+            max: 0,
+        }
+    }
+}
+
+impl Agg {
+    fn add(&mut self, dur: u64, self_t: u64) {
+        self.calls += 1;
+        self.total = self.total.saturating_add(dur);
+        self.self_t = self.self_t.saturating_add(self_t);
+        self.min = self.min.min(dur);
+        self.max = self.max.max(dur);
+    }
+
+    fn merge(&mut self, o: &Agg) {
+        self.calls += o.calls;
+        self.total = self.total.saturating_add(o.total);
+        self.self_t = self.self_t.saturating_add(o.self_t);
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+    }
+}
+
+/// Ids below this are counted in a dense vector; beyond it (only damaged or hostile input)
+/// in a map, so that a huge id cannot make us allocate a huge vector.
+const DENSE_IDS: u32 = 1 << 20;
+
+/// Counters of one image's functions, by id.
+#[derive(Default)]
+struct IdAggs {
+    dense: Vec<Agg>,
+    sparse: HashMap<u32, Agg>,
+}
+
+impl IdAggs {
+    fn get(&mut self, id: u32) -> &mut Agg {
+        if id < DENSE_IDS {
+            let i = id as usize;
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, Agg::default());
+            }
+            &mut self.dense[i]
+        } else {
+            self.sparse.entry(id).or_default()
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, &Agg)> {
+        let dense = self.dense.iter().enumerate().map(|(i, a)| (i as u32, a));
+        dense
+            .chain(self.sparse.iter().map(|(&i, a)| (i, a)))
+            .filter(|(_, a)| a.calls > 0)
+    }
+}
+
+/// The per-record lookup of `--per-thread` reports runs once per record; SipHash made it
+/// the hottest spot. Keys are small integers, for which this multiplicative hash is enough.
+#[derive(Clone, Copy, Default)]
+struct FxBuild;
+
+struct Fx(u64);
+
+impl BuildHasher for FxBuild {
+    type Hasher = Fx;
+    fn build_hasher(&self) -> Fx {
+        Fx(0)
+    }
+}
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Running state of one thread.
+pub(crate) struct ThreadAcc {
+    /// Per open depth, the summed durations of the calls that returned at that depth since
+    /// their parent opened: a parent subtracts its direct children's sum to get its self
+    /// time. Depths are strictly increasing, so entries left by lost records are dropped in
+    /// passing and the stack stays as small as the nesting.
+    children: Vec<(u32, u64)>,
+    pub calls: u64,
+    pub first_tsc: u64,
+    pub last_tsc: u64,
+    pub lost: u64,
+    funcs: HashMap<(u32, u32), Agg, FxBuild>,
+}
+
+impl Default for ThreadAcc {
+    fn default() -> ThreadAcc {
+        ThreadAcc {
+            children: Vec::new(),
+            calls: 0,
+            first_tsc: u64::MAX,
+            last_tsc: 0,
+            lost: 0,
+            funcs: HashMap::default(),
+        }
+    }
+}
+
+/// Everything one streaming pass gathers.
+#[derive(Default)]
+pub(crate) struct Aggregates {
+    per_sid: HashMap<u32, IdAggs>,
+    pub threads: HashMap<(u32, u32), ThreadAcc>,
+    per_thread: bool,
+}
+
+impl Aggregates {
+    fn add_segment(&mut self, seg: &ThreadSegment) {
+        let ids = self.per_sid.entry(seg.image_sid).or_default();
+        let th = self.threads.entry((seg.pid, seg.tid)).or_default();
+        th.lost += seg.lost;
+        th.calls += seg.records.len() as u64;
+        for r in &seg.records {
+            let d = r.depth();
+            let dur = r.ticks();
+            let mut children = 0;
+            while let Some(&(cd, sum)) = th.children.last() {
+                if cd <= d {
+                    break;
+                }
+                th.children.pop();
+                if cd == d + 1 {
+                    children = sum;
+                }
+            }
+            match th.children.last_mut() {
+                Some((cd, sum)) if *cd == d => *sum = sum.saturating_add(dur),
+                _ => th.children.push((d, dur)),
+            }
+            let self_t = dur.saturating_sub(children);
+            ids.get(r.id()).add(dur, self_t);
+            if self.per_thread {
+                th.funcs
+                    .entry((seg.image_sid, r.id()))
+                    .or_default()
+                    .add(dur, self_t);
+            }
+            th.first_tsc = th.first_tsc.min(r.t_entry);
+            th.last_tsc = th.last_tsc.max(r.t_exit);
+        }
+    }
+
+    pub fn thread_stats(&self, t: &Trace) -> Vec<ThreadStats> {
+        let mut v: Vec<ThreadStats> = self
+            .threads
+            .iter()
+            .map(|(&(pid, tid), a)| ThreadStats {
+                pid,
+                tid,
+                calls: a.calls,
+                first_ns: if a.calls > 0 {
+                    t.ns_since_start(a.first_tsc)
+                } else {
+                    0
+                },
+                last_ns: if a.calls > 0 {
+                    t.ns_since_start(a.last_tsc)
+                } else {
+                    0
+                },
+                lost: a.lost,
+            })
+            .collect();
+        v.sort_by_key(|s| (s.pid, s.tid));
+        v
+    }
+}
+
+/// One streaming pass gathering per-function and per-thread counters.
+pub(crate) fn aggregate(
+    path: &Path,
+    per_thread: bool,
+) -> Result<(Trace, Aggregates), AnalysisError> {
+    let mut agg = Aggregates {
+        per_thread,
+        ..Aggregates::default()
+    };
+    let trace = scan(path, |_, seg| agg.add_segment(seg))?;
+    Ok((trace, agg))
+}
+
+/// Merges counters of `(sid, id)` pairs into functions and converts them to ns.
+fn to_stats<'a>(
+    names: &mut Names,
+    items: impl Iterator<Item = ((u32, u32), &'a Agg)>,
+    tpn: f64,
+) -> Vec<FuncStats> {
+    let mut merged: HashMap<u32, Agg> = HashMap::new();
+    for ((sid, id), a) in items {
+        merged.entry(names.index(sid, id)).or_default().merge(a);
+    }
+    let mut out: Vec<FuncStats> = merged
+        .into_iter()
+        .map(|(idx, a)| {
+            let name = names.name(idx).to_string();
+            let f = names.info(idx);
+            FuncStats {
+                name,
+                raw_name: f.raw_name.clone(),
+                module: f.module.clone(),
+                address: f.address,
+                calls: a.calls,
+                total_ns: ticks_to_ns(a.total, tpn),
+                self_ns: ticks_to_ns(a.self_t, tpn),
+                min_ns: ticks_to_ns(a.min, tpn),
+                max_ns: ticks_to_ns(a.max, tpn),
+            }
+        })
+        .collect();
+    sort(&mut out, SortKey::Total);
+    out
+}
+
+/// Hot functions and thread run times of a trace, in one streaming pass: memory grows with
+/// functions × threads, not with records.
+pub fn report(path: &Path, per_thread: bool) -> Result<Report, AnalysisError> {
+    let (trace, agg) = aggregate(path, per_thread)?;
+    let tpn = trace.ticks_per_ns();
+    let mut names = Names::new(trace.images.values());
+    let all = agg
+        .per_sid
+        .iter()
+        .flat_map(|(&sid, ids)| ids.iter().map(move |(id, a)| ((sid, id), a)));
+    let functions = to_stats(&mut names, all, tpn);
+    let per_thread = per_thread.then(|| {
+        agg.threads
+            .iter()
+            .map(|(&k, th)| {
+                (
+                    k,
+                    to_stats(&mut names, th.funcs.iter().map(|(&k, a)| (k, a)), tpn),
+                )
+            })
+            .collect()
+    });
+    let mut warnings = trace.warnings.clone();
+    let lost: u64 = agg.threads.values().map(|t| t.lost).sum();
+    let lost = lost.max(trace.end.as_ref().map_or(0, |e| e.lost_records));
+    if lost > 0 {
+        warnings.push(format!(
+            "{lost} records were lost because the shared buffer was full: those calls are \
+             missing, and their callers' self times include them; record again with a bigger \
+             buffer"
+        ));
+    }
+    Ok(Report {
+        functions,
+        threads: agg.thread_stats(&trace),
+        per_thread,
+        truncated: trace.truncated,
+        warnings,
+    })
+}
+
+fn function_table(out: &mut String, funcs: &[FuncStats], top: Option<usize>) {
+    let _ = writeln!(
+        out,
+        "  {:>11} {:>11} {:>10} {:>11} {:>11} {:>11}  Function",
+        "Total time", "Self time", "Calls", "Avg", "Min", "Max"
+    );
+    let rule = "=".repeat(11);
+    let _ = writeln!(
+        out,
+        "  {rule} {rule} {:>10} {rule} {rule} {rule}  {}",
+        "=".repeat(10),
+        "=".repeat(20)
+    );
+    for f in funcs.iter().take(top.unwrap_or(usize::MAX)) {
+        let _ = writeln!(
+            out,
+            "  {:>11} {:>11} {:>10} {:>11} {:>11} {:>11}  {} ({})",
+            format_duration(f.total_ns),
+            format_duration(f.self_ns),
+            f.calls,
+            format_duration(f.avg_ns()),
+            format_duration(f.min_ns),
+            format_duration(f.max_ns),
+            f.name,
+            f.module
+        );
+    }
+}
+
+/// Renders a report as text: a function table like `uftrace report` (sorted by `key`, the
+/// first `top` rows), the threads with their run times, and per-thread tables if present.
+/// The warnings are left to the caller, to show apart (on stderr).
+pub fn render_report_text(r: &Report, top: Option<usize>, key: SortKey) -> String {
+    let mut out = String::new();
+    let mut funcs = r.functions.clone();
+    sort(&mut funcs, key);
+    function_table(&mut out, &funcs, top);
+    let _ = writeln!(
+        out,
+        "\n  {:>8} {:>8} {:>12} {:>11} {:>10}",
+        "PID", "TID", "Calls", "Run time", "Lost"
+    );
+    let _ = writeln!(
+        out,
+        "  {:>8} {:>8} {:>12} {:>11} {:>10}",
+        "===", "===", "=====", "========", "===="
+    );
+    for t in &r.threads {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>8} {:>12} {:>11} {:>10}",
+            t.pid,
+            t.tid,
+            t.calls,
+            format_duration(t.run_ns()),
+            t.lost
+        );
+    }
+    if let Some(pt) = &r.per_thread {
+        for (&(pid, tid), funcs) in pt {
+            let mut funcs = funcs.clone();
+            sort(&mut funcs, key);
+            let _ = writeln!(out, "\n  Thread {tid} (process {pid})");
+            function_table(&mut out, &funcs, top);
+        }
+    }
+    out
+}
+
+/// The functions of a report as a JSON array of objects with `name`, `module`, `address`,
+/// `calls`, `total_ns`, `self_ns`, `avg_ns`, `min_ns` and `max_ns`.
+pub fn report_json(r: &Report) -> serde_json::Value {
+    r.functions
+        .iter()
+        .map(|f| {
+            json!({
+                "name": f.name,
+                "module": f.module,
+                "address": f.address,
+                "calls": f.calls,
+                "total_ns": f.total_ns,
+                "self_ns": f.self_ns,
+                "avg_ns": f.avg_ns(),
+                "min_ns": f.min_ns,
+                "max_ns": f.max_ns,
+            })
+        })
+        .collect()
+}

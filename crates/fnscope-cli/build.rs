@@ -1,0 +1,37 @@
+//! Builds the agent library (a `cdylib` of the same workspace) and leaves it in OUT_DIR, so
+//! that the `fnscope` binary carries its agent inside and `cargo install` gives a complete
+//! tool. A separate target directory keeps the nested cargo off the outer build's lock.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let crates = manifest_dir.parent().expect("crates/ folder").to_path_buf();
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let target_dir = out.join("agent-target");
+    for dep in ["fnscope-agent", "fnscope-abi", "fnscope-symbols", "fnscope-x86"] {
+        println!("cargo:rerun-if-changed={}", crates.join(dep).join("src").display());
+        println!("cargo:rerun-if-changed={}", crates.join(dep).join("Cargo.toml").display());
+    }
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut cmd = Command::new(cargo);
+    cmd.arg("build")
+        .arg("--lib")
+        .arg("--manifest-path")
+        .arg(crates.join("fnscope-agent").join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir);
+    // The agent runs inside other programs: always optimised, whatever profile builds the CLI.
+    cmd.arg("--release");
+    cmd.env_remove("CARGO_TARGET_DIR").env_remove("RUSTC_WORKSPACE_WRAPPER");
+    if let Ok(flags) = env::var("CARGO_ENCODED_RUSTFLAGS") {
+        cmd.env("CARGO_ENCODED_RUSTFLAGS", flags);
+    }
+    let status = cmd.status().expect("cannot run cargo to build the fnscope agent");
+    assert!(status.success(), "building the fnscope agent failed");
+    let built = target_dir.join("release").join("libfnscope_agent.so");
+    std::fs::copy(&built, out.join("libfnscope_agent.so"))
+        .unwrap_or_else(|e| panic!("cannot copy {}: {e}", built.display()));
+}

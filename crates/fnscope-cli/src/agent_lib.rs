@@ -1,0 +1,50 @@
+//! The agent library embedded in the `fnscope` binary, written out once to a cache folder.
+
+use anyhow::{Context, Result};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+
+static AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libfnscope_agent.so"));
+
+/// Path of the agent library to preload: `FNSCOPE_AGENT` if set (development), else the
+/// embedded copy, extracted under `$XDG_CACHE_HOME/fnscope` (or `~/.cache/fnscope`, or the
+/// temporary folder) under a name that changes with its contents.
+pub fn path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("FNSCOPE_AGENT") {
+        return Ok(PathBuf::from(p));
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    AGENT.hash(&mut h);
+    let name = format!("libfnscope_agent-{:016x}.so", h.finish());
+    let mut dirs = Vec::new();
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
+        dirs.push(PathBuf::from(x).join("fnscope"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(home).join(".cache").join("fnscope"));
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    dirs.push(std::env::temp_dir().join(format!("fnscope-{uid}")));
+    let mut last_err = None;
+    for d in dirs {
+        let p = d.join(&name);
+        if std::fs::metadata(&p).map(|m| m.len() == AGENT.len() as u64).unwrap_or(false) {
+            return Ok(p);
+        }
+        match write_atomically(&d, &p) {
+            Ok(()) => return Ok(p),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no folder to write the agent to")))
+        .context("cannot write the fnscope agent library to a cache folder; set XDG_CACHE_HOME to a writable folder")
+}
+
+fn write_atomically(dir: &std::path::Path, p: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".agent-{}.tmp", std::process::id()));
+    std::fs::write(&tmp, AGENT).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, p).with_context(|| format!("renaming to {}", p.display()))?;
+    Ok(())
+}

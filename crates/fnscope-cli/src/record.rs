@@ -1,0 +1,448 @@
+//! `fnscope record`: runs the program with the agent preloaded and copies what it records
+//! into the trace file while it runs.
+
+use anyhow::{anyhow, bail, Context, Result};
+use fnscope_abi::{
+    chunk_offset, records_per_chunk, ChunkHeader, Record, RegionHeader, CHUNK_FLAG_ABANDONED, CHUNK_FREE,
+    CHUNK_FULL, CHUNK_HEADER_SIZE, CHUNK_OWNED, RECORD_SIZE,
+};
+use fnscope_format::{EndInfo, Meta, TraceWriter};
+use std::collections::{BTreeSet, HashSet};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Options of `record`.
+pub struct RecordOptions {
+    /// Trace directory.
+    pub output: PathBuf,
+    /// Library path patterns to hook besides the main executable.
+    pub libs: Vec<String>,
+    /// Number of chunks in the shared region.
+    pub chunks: u32,
+    /// Print what the agent does.
+    pub verbose: bool,
+    /// Program and arguments.
+    pub command: Vec<String>,
+}
+
+/// Finds `name` the way a shell would: as a path if it contains `/`, else on `PATH`.
+pub fn resolve_program(name: &str) -> Result<PathBuf> {
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        if !p.exists() {
+            bail!("{name}: no such file; check the path of the program to record");
+        }
+        return Ok(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!("{name}: command not found in PATH; give the program's path")
+}
+
+/// Refuses programs the agent cannot get into, with the reason and what to do.
+fn check_program(path: &Path) -> Result<()> {
+    let mut head = [0u8; 4];
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let n = f.read(&mut head)?;
+        if n >= 2 && &head[..2] == b"#!" {
+            // A script: its interpreter is what runs, and what gets traced.
+            return Ok(());
+        }
+    }
+    let inv = fnscope_symbols::load(path).map_err(|e| anyhow!("{e}"))?;
+    if inv.is_static {
+        bail!(
+            "{} is statically linked: fnscope puts its agent in with LD_PRELOAD, which a static program never loads. \
+             Record a dynamically linked build of it (`fnscope funcs` can still list its functions)",
+            path.display()
+        );
+    }
+    if !inv.has_symtab && inv.debug_file.is_none() {
+        eprintln!(
+            "fnscope: note: {} is stripped: exported functions keep their names, the others are named sub_<address>",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Makes `dir` ready for a new trace: created if missing, an older trace in it replaced.
+fn prepare_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        let is_trace = dir.join("trace.fns").exists() || dir.join("images").exists();
+        let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !is_trace && !empty {
+            bail!("{} exists and is not an fnscope trace; choose another folder with -o", dir.display());
+        }
+        let _ = std::fs::remove_file(dir.join("trace.fns"));
+        let _ = std::fs::remove_dir_all(dir.join("images"));
+    }
+    std::fs::create_dir_all(dir.join("images")).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(())
+}
+
+fn tsc() -> u64 {
+    // SAFETY: rdtsc has no preconditions.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The shared region, as the recorder sees it.
+struct Region {
+    map: memmap2::MmapMut,
+    path: PathBuf,
+    chunk_size: u32,
+    nchunks: u32,
+}
+
+impl Region {
+    fn create(dir: &Path, nchunks: u32) -> Result<Region> {
+        let chunk_size = fnscope_abi::DEFAULT_CHUNK_SIZE;
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() { shm.to_path_buf() } else { dir.to_path_buf() };
+        let path = base.join(format!("fnscope-{}-{}", std::process::id(), clock_ns(libc::CLOCK_MONOTONIC)));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("cannot create the shared buffer {}", path.display()))?;
+        file.set_len(fnscope_abi::region_size(chunk_size, nchunks) as u64)
+            .with_context(|| format!("cannot size the shared buffer {}", path.display()))?;
+        // SAFETY: a file we just created and own; nobody else maps it until the program starts.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.context("cannot map the shared buffer")?;
+        let hdr = map.as_mut_ptr() as *mut RegionHeader;
+        // SAFETY: the mapping is larger than the header and page aligned.
+        unsafe {
+            (*hdr).magic = fnscope_abi::REGION_MAGIC;
+            (*hdr).version = fnscope_abi::REGION_VERSION;
+            (*hdr).chunk_size = chunk_size;
+            (*hdr).nchunks = nchunks;
+        }
+        Ok(Region { map, path, chunk_size, nchunks })
+    }
+
+    fn header(&self) -> *mut RegionHeader {
+        self.map.as_ptr() as *mut RegionHeader
+    }
+
+    fn chunk(&self, i: u32) -> *mut ChunkHeader {
+        // SAFETY: i < nchunks, so the offset is inside the mapping.
+        unsafe { self.map.as_ptr().add(chunk_offset(self.chunk_size, i)) as *mut ChunkHeader }
+    }
+
+    fn state(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: the aligned first word of a chunk header inside the mapping, which lives as
+        // long as `self`.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.chunk(i)).state)) }
+    }
+
+    fn records(&self, i: u32, n: usize) -> &[Record] {
+        let n = n.min(records_per_chunk(self.chunk_size));
+        // SAFETY: the record area of chunk i holds records_per_chunk records, 8-byte aligned.
+        unsafe { std::slice::from_raw_parts((self.chunk(i) as *const u8).add(CHUNK_HEADER_SIZE) as *const Record, n) }
+    }
+
+    fn lost(&self) -> u64 {
+        // SAFETY: aligned u64 in the header, updated by agents atomically.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header()).lost_records)) }
+            .load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// State of the copying loop.
+struct Recorder {
+    region: Region,
+    writer: TraceWriter,
+    dir: PathBuf,
+    images_written: HashSet<u32>,
+    pids: BTreeSet<u32>,
+    calls: u64,
+}
+
+impl Recorder {
+    /// Copies every image table the agents have written and not yet copied.
+    fn copy_images(&mut self) -> Result<()> {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else { return Ok(()) };
+        let mut found: Vec<(u32, PathBuf)> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let sid = name.strip_suffix(".txt")?.parse().ok()?;
+                Some((sid, e.path()))
+            })
+            .filter(|(sid, _)| !self.images_written.contains(sid))
+            .collect();
+        found.sort();
+        for (sid, p) in found {
+            let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            self.writer.write_image(sid, &text)?;
+            self.images_written.insert(sid);
+        }
+        Ok(())
+    }
+
+    /// Writes chunk `i` (holding `n` records) to the trace and frees it.
+    fn take(&mut self, i: u32, n: usize, extra_flags: u32) -> Result<()> {
+        // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
+        let (sid, pid, tid, seq, lost, flags) = unsafe {
+            let c = &*self.region.chunk(i);
+            (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags)
+        };
+        if !self.images_written.contains(&sid) {
+            self.copy_images()?;
+        }
+        let recs = self.region.records(i, n);
+        self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
+        self.calls += recs.len() as u64;
+        self.pids.insert(pid);
+        let used = CHUNK_HEADER_SIZE + (recs.len() + 1).min(records_per_chunk(self.region.chunk_size)) * RECORD_SIZE;
+        // SAFETY: zeroing the used part of a chunk nobody owns; the state word is set FREE last
+        // with release ordering so that an agent taking it sees zeroed memory.
+        unsafe {
+            let base = self.region.chunk(i) as *mut u8;
+            std::ptr::write_bytes(base.add(4), 0, used - 4);
+        }
+        self.region.state(i).store(CHUNK_FREE, Ordering::Release);
+        Ok(())
+    }
+
+    /// Copies every FULL chunk. Returns how many.
+    fn drain(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for i in 0..self.region.nchunks {
+            if self.region.state(i).load(Ordering::Acquire) == CHUNK_FULL {
+                // SAFETY: FULL: the writer published nrec before the release store.
+                let nrec = unsafe { (*self.region.chunk(i)).nrec } as usize;
+                self.take(i, nrec, 0)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Copies chunks still owned by writers that are gone (all of them when `all`).
+    fn harvest(&mut self, all: bool) -> Result<()> {
+        for i in 0..self.region.nchunks {
+            if self.region.state(i).load(Ordering::Acquire) != CHUNK_OWNED {
+                continue;
+            }
+            // SAFETY: reading the pid of an owned chunk's header.
+            let pid = unsafe { (*self.region.chunk(i)).pid };
+            if !all && process_alive(pid) {
+                continue;
+            }
+            let cap = records_per_chunk(self.region.chunk_size);
+            let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
+            self.take(i, n, CHUNK_FLAG_ABANDONED)?;
+        }
+        Ok(())
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // A signal typed at the terminal reaches the whole foreground group, the program included:
+    // forward only the ones sent to fnscope alone (si_code <= 0: kill, sigqueue, tgkill).
+    // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
+    let code = unsafe { (*info).si_code };
+    if code <= 0 || sig == libc::SIGTERM || sig == libc::SIGHUP {
+        PENDING_SIGNAL.store(sig, Ordering::Relaxed);
+    }
+}
+
+fn install_signal_forwarding() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+        // SAFETY: installing an async-signal-safe handler (one atomic store).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Outcome of a recording.
+pub struct RecordOutcome {
+    /// Exit code for `fnscope` itself: the program's, or 128+N when killed by signal N.
+    pub exit_code: i32,
+}
+
+/// Runs `record`.
+pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
+    let name = opts.command.first().ok_or_else(|| anyhow!("no program given: fnscope record -- PROGRAM [ARGS...]"))?;
+    let program = resolve_program(name)?;
+    check_program(&program)?;
+    prepare_dir(&opts.output)?;
+    let dir = std::fs::canonicalize(&opts.output)?;
+    let region = Region::create(&dir, opts.chunks)?;
+    let agent = crate::agent_lib::path()?;
+    let mut writer = TraceWriter::create(&dir.join("trace.fns"))?;
+    let (tsc0, mono0, real0) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
+    writer.write_meta(&Meta {
+        command: opts.command.clone(),
+        cwd: std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default(),
+        start_unix_ns: real0,
+        tsc_at_start: tsc0,
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        fnscope_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode: "time".to_string(),
+    })?;
+    writer.flush()?;
+    let mut preload = agent.display().to_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD") {
+        preload = format!("{preload}:{}", old.to_string_lossy());
+    }
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) only changes who adopts orphaned descendants, so
+    // that the children a program leaves behind are waited for and their traces collected.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let mut cmd = std::process::Command::new(&program);
+    cmd.arg0(name)
+        .args(&opts.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env(fnscope_abi::ENV_SHM, &region.path)
+        .env(fnscope_abi::ENV_DIR, &dir)
+        .env(fnscope_abi::ENV_LIBS, opts.libs.join(","));
+    if opts.verbose {
+        cmd.env(fnscope_abi::ENV_VERBOSE, "1");
+    }
+    let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
+    install_signal_forwarding();
+    let child_pid = child.id() as libc::pid_t;
+    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), pids: BTreeSet::new(), calls: 0 };
+    let mut status: Option<(Option<i32>, Option<i32>)> = None;
+    let mut last_harvest = Instant::now();
+    loop {
+        let busy = rec.drain()?;
+        let sig = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
+        if sig != 0 {
+            // SAFETY: forwarding a signal to our own child.
+            unsafe { libc::kill(child_pid, sig) };
+        }
+        let mut all_gone = false;
+        loop {
+            let mut st: libc::c_int = 0;
+            // SAFETY: waitpid with a valid status pointer.
+            let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if r == 0 {
+                break;
+            }
+            if r < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                all_gone = true;
+                break;
+            }
+            if r == child_pid {
+                status = Some(if libc::WIFEXITED(st) {
+                    (Some(libc::WEXITSTATUS(st)), None)
+                } else {
+                    (None, Some(libc::WTERMSIG(st)))
+                });
+            }
+        }
+        if all_gone {
+            break;
+        }
+        if last_harvest.elapsed() > Duration::from_millis(100) {
+            rec.harvest(false)?;
+            rec.writer.flush()?;
+            last_harvest = Instant::now();
+        }
+        if busy == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    rec.drain()?;
+    rec.harvest(true)?;
+    rec.copy_images()?;
+    let (tsc1, mono1, real1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
+    let ticks_per_ns = if mono1 > mono0 { (tsc1 - tsc0) as f64 / (mono1 - mono0) as f64 } else { 1.0 };
+    let (exit_status, killed_by_signal) = status.unwrap_or((None, None));
+    let lost = rec.region.lost();
+    rec.writer.write_end(&EndInfo {
+        end_unix_ns: real1,
+        tsc_at_end: tsc1,
+        ticks_per_ns,
+        exit_status,
+        killed_by_signal,
+        lost_records: lost,
+        processes: rec.pids.iter().copied().collect(),
+    })?;
+    rec.writer.flush()?;
+    let (hooked, skipped) = count_hooks(&rec.images_written, &rec);
+    // The tables are in the trace file now; the folder was the agents' mailbox.
+    let _ = std::fs::remove_dir_all(dir.join("images"));
+    let bytes = rec.writer.bytes_written();
+    let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
+    let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
+    eprintln!(
+        "fnscope: {} functions hooked, {} skipped; {} calls recorded in {} process(es){}; trace {} in {}{}",
+        hooked,
+        skipped,
+        rec.calls,
+        rec.pids.len().max(1),
+        lost_note,
+        human_bytes(bytes),
+        opts.output.display(),
+        per_call
+    );
+    let exit_code = match (exit_status, killed_by_signal) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 1,
+    };
+    Ok(RecordOutcome { exit_code })
+}
+
+fn count_hooks(sids: &HashSet<u32>, rec: &Recorder) -> (usize, usize) {
+    let (mut h, mut s) = (0, 0);
+    for sid in sids {
+        if let Ok(text) = std::fs::read_to_string(rec.dir.join("images").join(format!("{sid}.txt"))) {
+            h += text.lines().filter(|l| l.starts_with("func\t")).count();
+            s += text.lines().filter(|l| l.starts_with("skip\t")).count();
+        }
+    }
+    (h, s)
+}
+
+/// Bytes in a short human form.
+pub fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}

@@ -1,0 +1,193 @@
+//! Programs nobody here wrote, as the distribution ships them (stripped, dynamically linked),
+//! must run under `fnscope record` exactly as they run natively, and the trace must hold
+//! calls of them.
+//!
+//! A missing program skips its test with a printed reason on a developer machine, but fails
+//! it when CI is set: CI must not pass by testing nothing.
+//!
+//! Run with `--nocapture` to see `fnscope info` for each (functions hooked and skipped by
+//! reason).
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+/// The program at `path`, or None (after saying why) when it is not installed.
+fn require(path: Option<PathBuf>, what: &str) -> Option<PathBuf> {
+    match path {
+        Some(p) if is_executable(&p) => Some(p),
+        _ => {
+            assert!(
+                !in_ci(),
+                "{what} is not installed, and CI is set: install it (see .ci/run) instead of \
+                 skipping this test"
+            );
+            eprintln!("SKIPPED: {what} is not installed");
+            None
+        }
+    }
+}
+
+/// An environment that does not depend on the user running the tests.
+fn quiet_env(inv: Invocation, home: &Path) -> Invocation {
+    inv.env("HOME", path_str(home))
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "Test Author")
+        .env("GIT_AUTHOR_EMAIL", "author@example.com")
+        .env("GIT_AUTHOR_DATE", "2024-01-02T03:04:05Z")
+        .env("GIT_COMMITTER_NAME", "Test Committer")
+        .env("GIT_COMMITTER_EMAIL", "committer@example.com")
+        .env("GIT_COMMITTER_DATE", "2024-01-02T03:04:05Z")
+}
+
+/// Runs `inv` natively and under record (trace in `trace`) and checks: same exit code and
+/// output, a readable report, and calls recorded in the program's own module. Returns the
+/// native run.
+fn same_under_record(inv: &Invocation, trace: &Path) -> Run {
+    let native = inv.run_native();
+    let traced = inv.run_recorded(trace);
+    let mut problems = compare_runs(&native, &traced);
+    let module = inv.program.file_name().unwrap().to_str().unwrap().to_string();
+    let mut calls = 0;
+    match report(trace) {
+        Ok(stats) => {
+            problems.extend(report_invariants(&stats));
+            calls = calls_per_module(&stats).get(&module).copied().unwrap_or(0);
+            if calls == 0 {
+                problems.push(format!(
+                    "no calls of {module} in the report; modules: {:?}",
+                    calls_per_module(&stats)
+                ));
+            }
+        }
+        Err(e) => problems.push(e),
+    }
+    let info_text = info(trace);
+    assert!(
+        problems.is_empty(),
+        "{:?} {:?}:\n  - {}\n=== record run ===\n{}\n=== info ===\n{info_text}",
+        inv.program,
+        inv.args,
+        problems.join("\n  - "),
+        traced.describe()
+    );
+    eprintln!("=== {} {:?}: {calls} calls of {module}\n{info_text}", inv.program.display(), inv.args);
+    native
+}
+
+#[test]
+fn python3_script() {
+    // Debian's interpreter explicitly: the python3 on PATH may be another build (pyenv).
+    let Some(python) = require(Some(PathBuf::from("/usr/bin/python3.11")), "/usr/bin/python3.11")
+    else {
+        return;
+    };
+    let dir = TempDir::new("python");
+    let inv = quiet_env(Invocation::new(&python, dir.path()), dir.path())
+        .args(&["-c", "print(sum(i*i for i in range(1000)))"]);
+    let native = same_under_record(&inv, &dir.join("trace"));
+    // The sum of i*i for i < 1000, computed here rather than trusted from the output.
+    let want: u64 = (0..1000u64).map(|i| i * i).sum();
+    assert_eq!(native.stdout, format!("{want}\n"));
+}
+
+#[test]
+fn git_version_init_commit_log() {
+    let Some(git) = require(find_in_path("git"), "git") else { return };
+    let dir = TempDir::new("git");
+    // The same sequence natively (in native/) and under record (in traced/): with fixed
+    // names and dates the commit ids, and so all outputs, are the same.
+    for side in ["native", "traced"] {
+        fs::create_dir_all(dir.join(side)).unwrap();
+    }
+    let steps: &[&[&str]] = &[
+        &["--version"],
+        &["init", "-q", "repo"],
+        &["-C", "repo", "config", "user.useConfigOnly", "false"],
+        &["-C", "repo", "add", "hello.txt"],
+        &["-C", "repo", "commit", "-q", "-m", "first commit"],
+        &["-C", "repo", "log", "--format=%H %an <%ae> %ad %s", "--date=iso-strict"],
+        &["-C", "repo", "status", "--short", "--branch"],
+    ];
+    for (i, args) in steps.iter().enumerate() {
+        if args.first() == Some(&"-C") && args[2] == "add" {
+            for side in ["native", "traced"] {
+                fs::write(dir.join(side).join("repo/hello.txt"), "hello, fnscope\n").unwrap();
+            }
+        }
+        // Each side runs in its own directory; same_under_record needs one cwd, so run the
+        // native half by hand there and the traced half in the other directory.
+        let native_inv =
+            quiet_env(Invocation::new(&git, dir.join("native")), dir.path()).args(args);
+        let traced_inv =
+            quiet_env(Invocation::new(&git, dir.join("traced")), dir.path()).args(args);
+        let trace = dir.join(format!("trace-{i}"));
+        let native = native_inv.run_native();
+        assert_eq!(native.code, 0, "git {args:?} natively\n{}", native.describe());
+        let traced = traced_inv.run_recorded(&trace);
+        let mut problems = compare_runs(&native, &traced);
+        match report(&trace) {
+            Ok(stats) => {
+                problems.extend(report_invariants(&stats));
+                if calls_per_module(&stats).get("git").copied().unwrap_or(0) == 0 {
+                    problems.push("no calls of git in the report".to_string());
+                }
+            }
+            Err(e) => problems.push(e),
+        }
+        let info_text = info(&trace);
+        assert!(
+            problems.is_empty(),
+            "git {args:?}:\n  - {}\n=== record run ===\n{}\n=== info ===\n{info_text}",
+            problems.join("\n  - "),
+            traced.describe()
+        );
+        eprintln!("=== git {args:?}\n{info_text}");
+    }
+}
+
+#[test]
+fn sqlite3_memory_and_file() {
+    let Some(sqlite) = require(find_in_path("sqlite3"), "sqlite3") else { return };
+    let dir = TempDir::new("sqlite");
+    let inv = quiet_env(Invocation::new(&sqlite, dir.path()), dir.path())
+        .args(&[":memory:", "select 1+1;"]);
+    let native = same_under_record(&inv, &dir.join("trace-memory"));
+    assert_eq!(native.stdout, "2\n");
+
+    // A database file: created, filled and queried natively in one directory and under
+    // record in another.
+    let script = "create table t(x integer primary key, y text);\
+                  insert into t(y) values ('a'),('bb'),('ccc');\
+                  select count(*), sum(length(y)) from t;\
+                  select x, upper(y) from t order by x desc;";
+    let mut outputs = Vec::new();
+    for (side, record) in [("native", false), ("traced", true)] {
+        let sub = dir.join(side);
+        fs::create_dir_all(&sub).unwrap();
+        let inv = quiet_env(Invocation::new(&sqlite, &sub), dir.path()).args(&["db.sqlite", script]);
+        let run = if record {
+            let trace = dir.join("trace-file");
+            let r = inv.run_recorded(&trace);
+            let stats = report(&trace).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                calls_per_module(&stats).get("sqlite3").copied().unwrap_or(0) > 0,
+                "no calls of sqlite3 recorded\n{}",
+                info(&trace)
+            );
+            r
+        } else {
+            inv.run_native()
+        };
+        outputs.push(run);
+    }
+    let problems = compare_runs(&outputs[0], &outputs[1]);
+    assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), outputs[1].describe());
+    assert_eq!(outputs[0].stdout, "3|6\n3|CCC\n2|BB\n1|A\n");
+}

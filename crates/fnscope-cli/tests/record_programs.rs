@@ -1,0 +1,781 @@
+//! End-to-end tests of `fnscope record` on small C and C++ programs (tests/programs/), built
+//! here with gcc/g++.
+//!
+//! The oracle is the program itself: every function of interest counts its own calls and the
+//! program prints the counts on stderr at the end (protocol in tests/programs/counts.h). For
+//! each program the test
+//!   1. builds it and runs it natively (it must behave as designed: exit code, counts),
+//!   2. checks with `nm -C` that each counted name is a real function of the binary and that
+//!      GCC did not clone it (calls to a `.constprop` copy would never reach the original),
+//!   3. runs it under `fnscope record` and requires the same exit code, the same stdout and
+//!      the same stderr (minus fnscope's own `fnscope:` lines),
+//!   4. reads `fnscope report --json` and requires, for each counted function, the exact
+//!      number of calls the program counted (or what the line's kind allows).
+//! Then the bad-input cases: missing, non-ELF, foreign-architecture, static and stripped
+//! programs, and missing, truncated, newer and corrupt traces.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+
+fn programs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs")
+}
+
+/// Compiles tests/programs/SOURCE into DIR/NAME with FLAGS (plus -pthread and the include
+/// path). C++ sources (.cpp) go to g++, the rest to gcc; $CC / $CXX override.
+fn compile(source: &str, dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let cpp = source.ends_with(".cpp");
+    let compiler = std::env::var(if cpp { "CXX" } else { "CC" })
+        .unwrap_or_else(|_| if cpp { "g++" } else { "gcc" }.to_string());
+    let out = dir.join(name);
+    let result = Command::new(&compiler)
+        .args(flags)
+        .arg("-pthread")
+        .arg("-I")
+        .arg(programs_dir())
+        .arg("-o")
+        .arg(&out)
+        .arg(programs_dir().join(source))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
+    assert!(
+        result.status.success(),
+        "{compiler} {source} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
+/// Flags for most programs: optimised like a release build, with debug info (which fnscope
+/// does not need, but real builds often have).
+const O2: &[&str] = &["-O2", "-g"];
+
+/// What a `counts.h` line asks of the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// Hooked, exactly N calls.
+    Count,
+    /// Hooked, 1..=N calls.
+    AtMost,
+    /// Not hooked (called N times).
+    Skipped,
+    /// Not hooked, or hooked with exactly N calls.
+    Either,
+}
+
+/// The program's own counts, summed over every line with the same kind and name (several
+/// processes of one run each print theirs).
+fn parse_counts(stderr: &str) -> BTreeMap<String, (Kind, u64)> {
+    let mut m: BTreeMap<String, (Kind, u64)> = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some((word, rest)) = line.split_once(' ') else { continue };
+        let kind = match word {
+            "count" => Kind::Count,
+            "atmost" => Kind::AtMost,
+            "skipped" => Kind::Skipped,
+            "either" => Kind::Either,
+            _ => continue,
+        };
+        let (name, n) = rest
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("malformed count line {line:?}"));
+        let n: u64 = n.parse().unwrap_or_else(|_| panic!("malformed count line {line:?}"));
+        let e = m.entry(name.to_string()).or_insert((kind, 0));
+        assert_eq!(e.0, kind, "{name} is printed with two kinds of count line");
+        e.1 += n;
+    }
+    m
+}
+
+/// The functions `nm -C` lists in the binary's symbol table.
+fn nm_functions(exe: &Path) -> Vec<String> {
+    let out = Command::new("nm")
+        .args(["-C", "--defined-only"])
+        .arg(exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run nm: {e}"));
+    assert!(out.status.success(), "nm {} failed", exe.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let (_addr, ty, name) = (it.next()?, it.next()?, it.next()?);
+            matches!(ty, "T" | "t" | "W" | "w" | "i").then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// The counts are only an oracle if every counted name is one real function and all its
+/// calls enter it: fail loudly (as a broken test program, not a tool bug) otherwise.
+fn check_oracle(exe: &Path, counts: &BTreeMap<String, (Kind, u64)>) {
+    let funcs = nm_functions(exe);
+    for name in counts.keys() {
+        assert!(
+            funcs.iter().any(|f| f == name),
+            "test program {} is broken: it counts {name:?}, but `nm -C` lists no function \
+             of that name",
+            exe.display()
+        );
+        // GCC names clones NAME.constprop.0, NAME.isra.0, NAME.part.0 (C) or
+        // "NAME [clone .constprop.0]" (C++). A .cold part is fine: it is not an entry.
+        for f in &funcs {
+            if let Some(rest) = f.strip_prefix(name.as_str()) {
+                let clone = rest.starts_with('.') || rest.starts_with(" [clone .");
+                assert!(
+                    !clone || rest.contains("cold"),
+                    "test program {} is broken: GCC made a copy {f:?} of {name:?}, so the \
+                     program's own count of {name:?} is not the number of calls entering it",
+                    exe.display()
+                );
+            }
+        }
+    }
+}
+
+/// Compares the report with the program's counts; returns what is wrong.
+fn check_counts(
+    stats: &[FnStat],
+    module: &str,
+    counts: &BTreeMap<String, (Kind, u64)>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, &(kind, n)) in counts {
+        let (calls, entries) = calls_of(stats, module, name);
+        let ok = match kind {
+            Kind::Count => calls == n && (entries > 0 || n == 0),
+            Kind::AtMost => entries > 0 && calls >= 1 && calls <= n,
+            Kind::Skipped => calls == 0,
+            Kind::Either => calls == 0 || calls == n,
+        };
+        if !ok {
+            let what = match kind {
+                Kind::Count => format!("the program counted {n} calls"),
+                Kind::AtMost => format!("want 1..={n} calls (the program made {n})"),
+                Kind::Skipped => format!("it must not be hooked (called {n} times)"),
+                Kind::Either => format!("want 0 (not hooked) or {n} calls"),
+            };
+            let found = if entries == 0 {
+                "not in the report (skipped, or not found?)".to_string()
+            } else {
+                format!("{calls} calls in {entries} report entr{}", if entries == 1 { "y" } else { "ies" })
+            };
+            problems.push(format!("{name}: {found}; {what}"));
+        }
+    }
+    problems
+}
+
+/// One test program and how to run it.
+struct Case<'a> {
+    source: &'a str,
+    /// File name of the built program, which is also the module name in the report.
+    name: &'a str,
+    flags: &'a [&'a str],
+    args: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
+    stdin: &'a [u8],
+    /// The exit code the program has natively (128+N when it dies by signal N).
+    code: i32,
+}
+
+impl<'a> Case<'a> {
+    fn new(source: &'a str, name: &'a str) -> Case<'a> {
+        Case { source, name, flags: O2, args: &[], env: &[], stdin: b"", code: 0 }
+    }
+}
+
+/// Everything a finished case leaves for further checks. `dir` keeps the files alive.
+#[allow(dead_code)]
+struct Outcome {
+    dir: TempDir,
+    exe: PathBuf,
+    trace: PathBuf,
+    native: Run,
+    counts: BTreeMap<String, (Kind, u64)>,
+    stats: Vec<FnStat>,
+}
+
+/// Builds, runs natively, runs under record, and checks outputs and counts (see the top of
+/// this file). Panics with every problem found at once.
+fn check_case(case: &Case) -> Outcome {
+    let dir = TempDir::new(case.name);
+    let exe = compile(case.source, dir.path(), case.name, case.flags);
+    let mut inv = Invocation::new(&exe, dir.path()).args(case.args).stdin(case.stdin);
+    for (k, v) in case.env {
+        inv = inv.env(k, v);
+    }
+
+    let native = inv.run_native();
+    assert_eq!(
+        native.code,
+        case.code,
+        "test program {} misbehaves natively (before fnscope is involved)\n{}",
+        case.name,
+        native.describe()
+    );
+    let counts = parse_counts(&native.stderr);
+    assert!(!counts.is_empty(), "{} printed no counts\n{}", case.name, native.describe());
+    check_oracle(&exe, &counts);
+
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let mut problems = compare_runs(&native, &traced);
+    let mut stats = Vec::new();
+    match report(&trace) {
+        Ok(s) => {
+            problems.extend(check_counts(&s, case.name, &counts));
+            problems.extend(report_invariants(&s));
+            stats = s;
+        }
+        Err(e) => problems.push(e),
+    }
+    if !problems.is_empty() {
+        panic!(
+            "{} under fnscope record:\n  - {}\n\n=== record run ===\n{}\n\n=== fnscope info ===\n{}",
+            case.name,
+            problems.join("\n  - "),
+            traced.describe(),
+            info(&trace)
+        );
+    }
+    Outcome { dir, exe, trace, native, counts, stats }
+}
+
+// ---------------------------------------------------------------------------------------
+// The programs
+
+/// Arguments (one with a space), environment, working directory (printed by the program)
+/// and stdin must reach the program unchanged.
+const BASIC_ARGS: &[&str] = &["alpha", "beta gamma", ""];
+const BASIC_ENV: &[(&str, &str)] = &[("FNSCOPE_TEST_ENV", "value with spaces = ok")];
+const BASIC_STDIN: &[u8] = b"1 2 3\n40\n";
+
+fn basic_case<'a>(name: &'a str, flags: &'a [&'a str]) -> Case<'a> {
+    Case { args: BASIC_ARGS, env: BASIC_ENV, stdin: BASIC_STDIN, flags, ..Case::new("basic.c", name) }
+}
+
+#[test]
+fn basic_o2() {
+    let out = check_case(&basic_case("basic", O2));
+    assert!(out.native.stdout.contains("stdin sum 46"), "{}", out.native.stdout);
+    let text = info(&out.trace);
+    // A run that ended normally must not be reported as cut short: otherwise the check in
+    // `sigkill_abrupt_end` would pass for a tool that always says so.
+    assert!(!text.to_lowercase().contains("abrupt"), "normal end reported as abrupt:\n{text}");
+}
+
+#[test]
+fn basic_o0() {
+    // Unoptimised code: every function starts with push rbp; mov rbp, rsp.
+    check_case(&basic_case("basic-O0", &["-O0", "-g"]));
+}
+
+#[test]
+fn basic_cet() {
+    // Every function starts with endbr64, the landing pad of indirect branch tracking.
+    check_case(&basic_case("basic-cet", &["-O2", "-g", "-fcf-protection=full"]));
+}
+
+#[test]
+fn basic_no_pie() {
+    // A non-PIE executable: fixed addresses in the low 2 GiB, where the trampolines must be
+    // placed within reach.
+    check_case(&basic_case("basic-nopie", &["-O2", "-g", "-fno-pie", "-no-pie"]));
+}
+
+/// `replay --format lines` prints technique A's function.txt: one `SEQ[SEC,NSEC]enter:NAME`
+/// and one `SEQ[SEC,NSEC]leave:NAME` line per call.
+#[test]
+fn replay_lines_match_counts() {
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let out = check_case(&basic_case("basic-replay", O2));
+    let finished = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let r = fnscope_cmd(&["replay", "-i", path_str(&out.trace), "--format", "lines"]);
+    assert_eq!(r.code, 0, "replay failed\n{}", r.describe());
+
+    let mut enters: BTreeMap<String, u64> = BTreeMap::new();
+    let mut stack: Vec<String> = Vec::new();
+    let mut prev: Option<(u64, u64, u64)> = None;
+    for (i, line) in r.stdout.lines().enumerate() {
+        macro_rules! bad {
+            ($why:expr) => {
+                panic!("replay line {}: {}: {line:?}", i + 1, $why)
+            };
+        }
+        let (seq, rest) = line.split_once('[').unwrap_or_else(|| bad!("no '['"));
+        let (time, event) = rest.split_once(']').unwrap_or_else(|| bad!("no ']'"));
+        let (sec, nsec) = time.split_once(',').unwrap_or_else(|| bad!("no ',' in the time"));
+        let seq: u64 = seq.parse().unwrap_or_else(|_| bad!("sequence number"));
+        let sec: u64 = sec.parse().unwrap_or_else(|_| bad!("seconds"));
+        let nsec: u64 = nsec.parse().unwrap_or_else(|_| bad!("nanoseconds"));
+        if nsec >= 1_000_000_000 {
+            bad!("nanoseconds out of range");
+        }
+        // Technique A stamps events with wall-clock time (seconds since the epoch).
+        if sec + 300 < started || sec > finished + 300 {
+            bad!("time is not wall-clock time of this run");
+        }
+        if let Some((pseq, psec, pnsec)) = prev {
+            if seq != pseq + 1 {
+                bad!("sequence numbers must count up by one");
+            }
+            if (sec, nsec) < (psec, pnsec) {
+                bad!("time goes backwards in a single-threaded trace");
+            }
+        }
+        prev = Some((seq, sec, nsec));
+        if let Some(name) = event.strip_prefix("enter:") {
+            *enters.entry(name.to_string()).or_insert(0) += 1;
+            stack.push(name.to_string());
+        } else if let Some(name) = event.strip_prefix("leave:") {
+            // With return values recorded the line goes on with `ret:VALUE`, glued to the
+            // name as in technique A.
+            let name = name.rfind("ret:").map_or(name, |p| &name[..p]);
+            match stack.pop() {
+                Some(open) if open == name => {}
+                other => bad!(format!("leave does not match the open call {other:?}")),
+            }
+        } else {
+            bad!("neither enter: nor leave:");
+        }
+    }
+    assert!(stack.is_empty(), "calls entered but never left: {stack:?}");
+    for (name, (kind, n)) in &out.counts {
+        if *kind == Kind::Count {
+            assert_eq!(enters.get(name).copied().unwrap_or(0), *n, "enter:{name} lines");
+        }
+    }
+}
+
+#[test]
+fn threads() {
+    check_case(&Case::new("threads.c", "threads"));
+}
+
+#[test]
+fn recursion() {
+    // Every level a real call; deep() nests 100000 hooked calls.
+    check_case(&Case {
+        flags: &["-O2", "-g", "-fno-optimize-sibling-calls"],
+        ..Case::new("recursion.c", "recursion")
+    });
+}
+
+#[test]
+fn tail_calls() {
+    // Default -O2: sibling calls become jumps.
+    check_case(&Case {
+        flags: &["-O2", "-g", "-foptimize-sibling-calls"],
+        ..Case::new("tailcalls.c", "tailcalls")
+    });
+}
+
+#[test]
+fn cpp_exceptions() {
+    check_case(&Case::new("exceptions.cpp", "exceptions"));
+}
+
+#[test]
+fn longjmp_and_siglongjmp() {
+    check_case(&Case::new("jumps.c", "jumps"));
+}
+
+#[test]
+fn signal_handlers() {
+    check_case(&Case::new("signals.c", "signals"));
+}
+
+#[test]
+fn fork_children() {
+    check_case(&Case { code: 3, ..Case::new("fork.c", "fork") });
+}
+
+#[test]
+fn exec_vfork_posix_spawn() {
+    check_case(&Case { code: 4, ..Case::new("exec_self.c", "exec_self") });
+}
+
+#[test]
+fn pthread_exit_from_deep() {
+    check_case(&Case::new("pthread_exit.c", "pthread_exit"));
+}
+
+#[test]
+fn exit_from_deep() {
+    check_case(&Case { code: 5, ..Case::new("exit_deep.c", "exit_deep") });
+}
+
+#[test]
+fn abort_from_deep() {
+    // SIGABRT: 128 + 6.
+    check_case(&Case { code: 134, ..Case::new("abort.c", "abort") });
+}
+
+#[test]
+fn sigkill_abrupt_end() {
+    // SIGKILL: 128 + 9. The calls made before it are in the trace (checked by check_case);
+    // the reader must also say that the trace did not end normally.
+    let out = check_case(&Case { code: 137, ..Case::new("sigkill.c", "sigkill") });
+    let text = info(&out.trace);
+    assert!(
+        text.to_lowercase().contains("abrupt"),
+        "`fnscope info` does not say that the trace ended abruptly:\n{text}"
+    );
+}
+
+#[test]
+fn unhookable_heads_and_relocated_prologues() {
+    let out = check_case(&Case::new("asm_heads.c", "asm_heads"));
+    // The skipped functions are reported by reason, with the codes of fnscope_abi::skip_reason.
+    let text = info(&out.trace);
+    for reason in ["too-short", "branch-into-patch"] {
+        assert!(text.contains(reason), "`fnscope info` does not list reason {reason}:\n{text}");
+    }
+}
+
+#[test]
+fn return_values() {
+    check_case(&Case::new("retvals.c", "retvals"));
+}
+
+#[test]
+fn arguments_varargs_static_chain() {
+    check_case(&Case::new("args.c", "args"));
+}
+
+#[test]
+fn registers_preserved() {
+    check_case(&Case::new("registers.c", "registers"));
+}
+
+#[test]
+fn cpp_virtual_and_templates() {
+    check_case(&Case::new("cpp_virtual.cpp", "cpp_virtual"));
+}
+
+/// A signal sent to `fnscope record` reaches the traced program: it handles SIGTERM and
+/// exits normally, and record exits with its status.
+#[test]
+fn signals_pass_through_record() {
+    let dir = TempDir::new("sigterm");
+    let exe = compile("sigterm_wait.c", dir.path(), "sigterm_wait", O2);
+    let trace = dir.join("trace");
+
+    // Starts the command, waits for "ready", sends SIGTERM to the process we started
+    // (the program natively, fnscope under record), and collects the rest.
+    let run_and_signal = |mut cmd: Command| -> Run {
+        cmd.current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn");
+        let pid = child.id() as i32;
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut stderr = child.stderr.take().unwrap();
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        assert_eq!(first, "ready\n", "no ready line from {cmd:?}");
+        // SAFETY: signalling the child we started and have not waited for yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        // The program gives up by itself after 30 s (alarm), so this wait is bounded.
+        let start = Instant::now();
+        let status = child.wait().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(60));
+        use std::os::unix::process::ExitStatusExt;
+        Run {
+            code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+            signal: status.signal(),
+            stdout: first + &rest,
+            stderr: err_reader.join().unwrap(),
+        }
+    };
+
+    let native = run_and_signal(Command::new(&exe));
+    assert_eq!(native.code, 0, "natively:\n{}", native.describe());
+    assert!(native.stdout.contains("got signal 15"), "{}", native.describe());
+
+    let mut cmd = Command::new(fnscope());
+    cmd.arg("record").arg("-o").arg(&trace).arg("--").arg(&exe);
+    let traced = run_and_signal(cmd);
+    let mut problems = compare_runs(&native, &traced);
+    let counts = parse_counts(&native.stderr);
+    match report(&trace) {
+        Ok(s) => problems.extend(check_counts(&s, "sigterm_wait", &counts)),
+        Err(e) => problems.push(e),
+    }
+    assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), traced.describe());
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input
+
+#[test]
+fn missing_program_is_a_one_line_error() {
+    let dir = TempDir::new("missing");
+    let prog = dir.join("no-such-program");
+    let r = Invocation::new(&prog, dir.path()).run_recorded(&dir.join("trace"));
+    let line = assert_one_line_error(&r, "record of a missing program");
+    assert!(line.contains(path_str(&prog)), "the error does not name the program: {line}");
+}
+
+#[test]
+fn non_elf_program_is_a_one_line_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("notelf");
+    // Executable, but neither ELF nor a script with #!: execve refuses it (ENOEXEC).
+    let prog = dir.join("notelf");
+    fs::write(&prog, "echo this is not a program\n").unwrap();
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+    let r = Invocation::new(&prog, dir.path()).run_recorded(&dir.join("trace"));
+    let line = assert_one_line_error(&r, "record of a text file");
+    assert!(line.contains(path_str(&prog)), "the error does not name the program: {line}");
+    assert!(line.to_lowercase().contains("elf"), "the error does not say it is not ELF: {line}");
+}
+
+#[test]
+fn foreign_architecture_is_a_one_line_error() {
+    let dir = TempDir::new("foreign");
+    let exe = compile("basic.c", dir.path(), "basic", O2);
+    // e_machine (offset 18, u16) = 183, EM_AARCH64: a valid ELF header for another CPU.
+    let mut bytes = fs::read(&exe).unwrap();
+    bytes[18..20].copy_from_slice(&183u16.to_le_bytes());
+    let prog = dir.join("aarch64-prog");
+    fs::write(&prog, &bytes).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+    let r = Invocation::new(&prog, dir.path()).run_recorded(&dir.join("trace"));
+    let line = assert_one_line_error(&r, "record of an aarch64 ELF");
+    let l = line.to_lowercase();
+    assert!(
+        ["x86-64", "x86_64", "aarch64", "architecture", "machine"].iter().any(|w| l.contains(w)),
+        "the error does not say the architecture is wrong: {line}"
+    );
+}
+
+/// A static executable cannot take the preloaded agent. fnscope may refuse it or run it
+/// untraced, but must say why ("static") and, if it runs it, not change it.
+#[test]
+fn static_program_is_explained() {
+    let dir = TempDir::new("static");
+    let exe = compile("basic.c", dir.path(), "basic-static", &["-O2", "-g", "-static"]);
+    let inv = Invocation::new(&exe, dir.path()).args(BASIC_ARGS).stdin(BASIC_STDIN);
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let r = inv.run_recorded(&dir.join("trace"));
+    assert!(r.code != 101 && !r.stderr.contains("panicked"), "fnscope panicked\n{}", r.describe());
+    let said: String = fnscope_lines(&r.stderr).join("\n");
+    assert!(
+        said.to_lowercase().contains("static"),
+        "fnscope does not say the program is static\n{}",
+        r.describe()
+    );
+    if r.code == 0 {
+        let problems = compare_runs(&native, &r);
+        assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), r.describe());
+    } else {
+        assert_one_line_error(&r, "record of a static program");
+    }
+}
+
+/// Without .symtab the functions are found through .eh_frame (and .dynsym) and named
+/// sub_<address>; they are still hooked and counted.
+#[test]
+fn stripped_program_still_records() {
+    let dir = TempDir::new("stripped");
+    let exe = compile("basic.c", dir.path(), "basic", O2);
+    let native = Invocation::new(&exe, dir.path()).args(BASIC_ARGS).stdin(BASIC_STDIN).run_native();
+    let counts = parse_counts(&native.stderr);
+
+    let stripped = dir.join("basic-stripped");
+    fs::copy(&exe, &stripped).unwrap();
+    let st = Command::new("strip").arg("--strip-all").arg(&stripped).status().expect("strip");
+    assert!(st.success());
+    assert!(nm_functions(&stripped).is_empty(), "strip left a symbol table");
+
+    let inv = Invocation::new(&stripped, dir.path()).args(BASIC_ARGS).stdin(BASIC_STDIN);
+    let native = inv.run_native();
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let mut problems = compare_runs(&native, &traced);
+    match report(&trace) {
+        Ok(stats) => {
+            let mine: Vec<&FnStat> =
+                stats.iter().filter(|f| f.module == "basic-stripped").collect();
+            if mine.iter().map(|f| f.calls).sum::<u64>() == 0 {
+                problems.push("no calls recorded in basic-stripped".to_string());
+            }
+            // Names are gone, but each counted function is still one function with the
+            // same number of calls.
+            for (name, (kind, n)) in &counts {
+                if *kind == Kind::Count && !mine.iter().any(|f| f.calls == *n) {
+                    problems.push(format!("no function with {n} calls (that is {name})"));
+                }
+            }
+            problems.extend(report_invariants(&stats));
+        }
+        Err(e) => problems.push(e),
+    }
+    assert!(
+        problems.is_empty(),
+        "{}\n{}\n=== info ===\n{}",
+        problems.join("\n"),
+        traced.describe(),
+        info(&trace)
+    );
+}
+
+#[test]
+fn report_on_missing_trace_is_a_one_line_error() {
+    let dir = TempDir::new("notrace");
+    let missing = dir.join("no-trace-here");
+    for args in [
+        vec!["report", "-i", path_str(&missing), "--json"],
+        vec!["info", "-i", path_str(&missing)],
+        vec!["replay", "-i", path_str(&missing), "--format", "lines"],
+    ] {
+        let r = fnscope_cmd(&args);
+        let line = assert_one_line_error(&r, &args.join(" "));
+        assert!(line.contains(path_str(&missing)), "the error does not name the path: {line}");
+    }
+}
+
+/// Records basic.c once, for the tests that damage traces.
+fn recorded_basic(tag: &str) -> (TempDir, PathBuf, Vec<FnStat>) {
+    let dir = TempDir::new(tag);
+    let exe = compile("basic.c", dir.path(), "basic", O2);
+    let trace = dir.join("trace");
+    let r = Invocation::new(&exe, dir.path()).run_recorded(&trace);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let stats = report(&trace).unwrap_or_else(|e| panic!("{e}"));
+    (dir, trace, stats)
+}
+
+/// A trace cut short (disk full, recorder killed) reads up to its last complete chunk, or
+/// gives an error; never a panic, never more calls than were recorded.
+#[test]
+fn truncated_trace_never_panics() {
+    let (dir, trace, full) = recorded_basic("truncated");
+    let len = fs::metadata(trace.join("trace.fns")).unwrap().len();
+    let mut cuts = vec![len - 1, len.saturating_sub(100), len / 2, 64, 16, 12, 9, 0];
+    cuts.sort_unstable();
+    cuts.dedup();
+    for cut in cuts.into_iter().filter(|&c| c < len) {
+        let copy = dir.join(format!("cut-{cut}"));
+        copy_dir(&trace, &copy);
+        let f = fs::OpenOptions::new().write(true).open(copy.join("trace.fns")).unwrap();
+        f.set_len(cut).unwrap();
+        let r = fnscope_cmd(&["report", "-i", path_str(&copy), "--json"]);
+        assert!(
+            r.code != 101 && !r.stderr.contains("panicked"),
+            "report panicked on a trace cut to {cut} of {len} bytes\n{}",
+            r.describe()
+        );
+        if r.code == 0 {
+            let stats = parse_report(&r.stdout).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+            for f in &stats {
+                let whole = full
+                    .iter()
+                    .filter(|g| g.name == f.name && g.module == f.module)
+                    .map(|g| g.calls)
+                    .sum::<u64>();
+                assert!(
+                    f.calls <= whole,
+                    "cut to {cut} bytes: {} has {} calls, the whole trace only {whole}",
+                    f.name,
+                    f.calls
+                );
+            }
+        } else {
+            assert_one_line_error(&r, &format!("report on a trace cut to {cut} bytes"));
+        }
+        for args in [vec!["info", "-i", path_str(&copy)], vec!["replay", "-i", path_str(&copy)]] {
+            let r = fnscope_cmd(&args);
+            assert!(
+                r.code != 101 && !r.stderr.contains("panicked"),
+                "{} panicked on a trace cut to {cut} bytes\n{}",
+                args[0],
+                r.describe()
+            );
+        }
+    }
+}
+
+/// The header is the 8-byte magic `FNSCOPE\0` then the format version (u32, little-endian):
+/// a trace from a newer fnscope is refused with a message that says so.
+#[test]
+fn newer_trace_version_is_refused() {
+    let (_dir, trace, _) = recorded_basic("newer");
+    let file = trace.join("trace.fns");
+    let mut bytes = fs::read(&file).unwrap();
+    assert_eq!(&bytes[..8], b"FNSCOPE\0", "trace.fns does not start with the documented magic");
+    bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
+    fs::write(&file, &bytes).unwrap();
+    for args in [
+        vec!["report", "-i", path_str(&trace), "--json"],
+        vec!["info", "-i", path_str(&trace)],
+        vec!["replay", "-i", path_str(&trace), "--format", "lines"],
+    ] {
+        let r = fnscope_cmd(&args);
+        let line = assert_one_line_error(&r, &format!("{} on a version 99 trace", args[0]));
+        assert!(line.to_lowercase().contains("newer"), "the error does not say newer: {line}");
+    }
+}
+
+/// Random damage inside the trace (bit rot, a bad copy) gives errors or warnings, never a
+/// panic. The damage is pseudo-random but the same on every run.
+#[test]
+fn corrupt_trace_never_panics() {
+    let (dir, trace, _) = recorded_basic("corrupt");
+    let original = fs::read(trace.join("trace.fns")).unwrap();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        // xorshift64
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for trial in 0..12 {
+        let copy = dir.join(format!("corrupt-{trial}"));
+        copy_dir(&trace, &copy);
+        let mut bytes = original.clone();
+        // Keep magic and version intact so the damage reaches the chunk reader.
+        let flips = 1 + trial * 3;
+        for _ in 0..flips {
+            let at = 12 + (next() as usize) % (bytes.len() - 12);
+            bytes[at] ^= 1 << (next() % 8);
+        }
+        fs::write(copy.join("trace.fns"), &bytes).unwrap();
+        for args in [
+            vec!["report", "-i", path_str(&copy), "--json"],
+            vec!["info", "-i", path_str(&copy)],
+            vec!["replay", "-i", path_str(&copy), "--format", "lines"],
+        ] {
+            let r = fnscope_cmd(&args);
+            assert!(
+                r.code != 101 && !r.stderr.contains("panicked"),
+                "{} panicked on a trace with {flips} flipped bits (trial {trial})\n{}",
+                args[0],
+                r.describe()
+            );
+            if args[0] == "report" && r.code == 0 {
+                parse_report(&r.stdout).unwrap_or_else(|e| panic!("trial {trial}: {e}"));
+            }
+        }
+    }
+}

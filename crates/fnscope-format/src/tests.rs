@@ -1,0 +1,322 @@
+use super::*;
+use fnscope_abi::{records_per_chunk, DEFAULT_CHUNK_SIZE};
+use std::time::Instant;
+
+/// A small xorshift generator: tests must be reproducible without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn ticks(&mut self) -> u64 {
+        20 + self.next() % 41
+    }
+}
+
+/// Records of a recursive fib(n) in post-order, with 20..60 ticks between events.
+fn fib_records(n: u32, clock: &mut u64, rng: &mut Rng, depth: u32, out: &mut Vec<Record>) {
+    *clock += rng.ticks();
+    let t_entry = *clock;
+    if n >= 2 {
+        fib_records(n - 1, clock, rng, depth + 1, out);
+        fib_records(n - 2, clock, rng, depth + 1, out);
+    }
+    *clock += rng.ticks();
+    out.push(Record::new(t_entry, *clock, 0, depth, 0));
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fnscope-format-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const IMAGE: &str = "fnscope-image\t1\npid\t7\nexe\t/bin/fib\narg\tfib\n\
+module\t0\t0\t-\t/bin/fib\nfunc\t0\t0\t1000\t40\tfib\n";
+
+fn sample_meta() -> Meta {
+    Meta {
+        command: vec!["fib".into(), "30".into()],
+        cwd: "/tmp".into(),
+        start_unix_ns: 1_700_000_000_000_000_000,
+        tsc_at_start: 1000,
+        host: "box".into(),
+        fnscope_version: "0.1.0".into(),
+        mode: "time".into(),
+    }
+}
+
+fn sample_end() -> EndInfo {
+    EndInfo {
+        ticks_per_ns: 2.5,
+        exit_status: Some(0),
+        processes: vec![7],
+        ..EndInfo::default()
+    }
+}
+
+/// Writes a small complete trace and returns its path and the segments written.
+fn write_sample(dir: &Path) -> (PathBuf, Vec<ThreadSegment>) {
+    let path = dir.join(TRACE_FILE);
+    let mut w = TraceWriter::create(&path).unwrap();
+    w.write_meta(&sample_meta()).unwrap();
+    w.write_image(0, IMAGE).unwrap();
+    let mut rng = Rng(99);
+    let mut segs = Vec::new();
+    for (seq, n) in [8u32, 5, 10].into_iter().enumerate() {
+        let mut clock = 5000 * (seq as u64 + 1);
+        let mut recs = Vec::new();
+        fib_records(n, &mut clock, &mut rng, 0, &mut recs);
+        let seg = ThreadSegment {
+            image_sid: 0,
+            pid: 7,
+            tid: 7 + seq as u32 % 2,
+            seq: seq as u64,
+            lost: seq as u64,
+            flags: if seq == 2 {
+                fnscope_abi::CHUNK_FLAG_LAST
+            } else {
+                0
+            },
+            records: recs,
+        };
+        w.write_segment(
+            seg.image_sid,
+            seg.pid,
+            seg.tid,
+            seg.seq,
+            seg.lost,
+            seg.flags,
+            &seg.records,
+        )
+        .unwrap();
+        segs.push(seg);
+    }
+    w.write_end(&sample_end()).unwrap();
+    w.flush().unwrap();
+    assert_eq!(w.bytes_written(), std::fs::metadata(&path).unwrap().len());
+    (path, segs)
+}
+
+fn read_all(path: &Path) -> Result<(Vec<Chunk>, bool), FormatError> {
+    let mut r = TraceReader::open(path)?;
+    let mut v = Vec::new();
+    while let Some(c) = r.next_chunk()? {
+        v.push(c);
+    }
+    Ok((v, r.truncated()))
+}
+
+#[test]
+fn round_trip() {
+    let dir = tmpdir("rt");
+    let (_, segs) = write_sample(&dir);
+    let (chunks, truncated) = read_all(&dir).unwrap();
+    assert!(!truncated);
+    assert_eq!(chunks.len(), 6);
+    assert_eq!(chunks[0], Chunk::Meta(sample_meta()));
+    match &chunks[1] {
+        Chunk::Image { sid: 0, table } => assert_eq!(table.funcs[0].raw_name, "fib"),
+        c => panic!("unexpected {c:?}"),
+    }
+    for (c, s) in chunks[2..5].iter().zip(&segs) {
+        assert_eq!(c, &Chunk::Events(s.clone()));
+    }
+    assert_eq!(chunks[5], Chunk::End(sample_end()));
+}
+
+#[test]
+fn skip_events_pass() {
+    let dir = tmpdir("skip");
+    write_sample(&dir);
+    let mut r = TraceReader::open(&dir).unwrap();
+    r.set_skip_events(true);
+    let mut kinds = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        kinds.push(std::mem::discriminant(&c));
+    }
+    assert_eq!(kinds.len(), 3);
+    assert!(!r.truncated());
+}
+
+#[test]
+fn truncated_file_yields_complete_chunks() {
+    let dir = tmpdir("trunc");
+    let (path, _) = write_sample(&dir);
+    let full = std::fs::read(&path).unwrap();
+    // Without END: truncated although every chunk is whole.
+    let (all, _) = read_all(&path).unwrap();
+    let end_len = {
+        let mut p = Vec::new();
+        serde_json::to_writer(&mut p, &sample_end()).unwrap();
+        p.len() + CHUNK_HEADER_SIZE as usize
+    };
+    std::fs::write(&path, &full[..full.len() - end_len]).unwrap();
+    let (chunks, truncated) = read_all(&path).unwrap();
+    assert!(truncated);
+    assert_eq!(chunks.len(), all.len() - 1);
+    // Cut inside the last EVENTS chunk.
+    std::fs::write(&path, &full[..full.len() - end_len - 5]).unwrap();
+    let (chunks, truncated) = read_all(&path).unwrap();
+    assert!(truncated);
+    assert_eq!(chunks.len(), all.len() - 2);
+    // Cut inside a chunk header.
+    std::fs::write(&path, &full[..FILE_HEADER_SIZE as usize + 5]).unwrap();
+    let (chunks, truncated) = read_all(&path).unwrap();
+    assert!(truncated && chunks.is_empty());
+}
+
+#[test]
+fn refuses_other_files_and_versions() {
+    let dir = tmpdir("refuse");
+    let (path, _) = write_sample(&dir);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let e = TraceReader::open(&path).err().unwrap().to_string();
+    assert_eq!(
+        e,
+        "trace format version 2 is newer than this fnscope (supports 1): upgrade fnscope"
+    );
+    std::fs::write(&path, b"hello world, not a trace").unwrap();
+    let e = TraceReader::open(&path).err().unwrap().to_string();
+    assert!(e.contains("is not an fnscope trace"), "{e}");
+    std::fs::write(&path, b"").unwrap();
+    assert!(matches!(
+        TraceReader::open(&path),
+        Err(FormatError::NotATrace { .. })
+    ));
+    let e = TraceReader::open(&dir.join("missing"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.starts_with("cannot open"), "{e}");
+}
+
+#[test]
+fn bad_checksum_names_offset() {
+    let dir = tmpdir("crc");
+    let (path, _) = write_sample(&dir);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // First byte of the META payload.
+    bytes[FILE_HEADER_SIZE as usize + CHUNK_HEADER_SIZE as usize] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = read_all(&path).err().unwrap().to_string();
+    assert!(
+        e.contains("damaged at byte offset 16: checksum mismatch"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_chunk_kinds_are_skipped() {
+    let dir = tmpdir("unknown");
+    let (path, _) = write_sample(&dir);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let payload = b"future";
+    let mut extra = Vec::new();
+    extra.extend_from_slice(&99u32.to_le_bytes());
+    extra.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    extra.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    extra.extend_from_slice(payload);
+    let at = FILE_HEADER_SIZE as usize;
+    bytes.splice(at..at, extra);
+    std::fs::write(&path, &bytes).unwrap();
+    let (chunks, truncated) = read_all(&path).unwrap();
+    assert_eq!(chunks.len(), 6);
+    assert!(!truncated);
+}
+
+/// Truncations and byte flips of a valid file must give errors or a clean stop, never a
+/// panic; flips inside payloads must be caught by the checksum.
+#[test]
+fn fuzzed_files_never_panic() {
+    let dir = tmpdir("fuzz");
+    let (path, _) = write_sample(&dir);
+    let good = std::fs::read(&path).unwrap();
+    let mut rng = Rng(12345);
+    let fuzz = dir.join("fuzz.fns");
+    for cut in 0..good.len() {
+        std::fs::write(&fuzz, &good[..cut]).unwrap();
+        if let Ok((_, truncated)) = read_all(&fuzz) {
+            assert!(truncated, "cut at {cut} not reported as truncated");
+        }
+    }
+    for i in 0..3000 {
+        let mut b = good.clone();
+        for _ in 0..1 + i % 4 {
+            let at = (rng.next() as usize) % b.len();
+            b[at] ^= 1 << (rng.next() % 8);
+        }
+        if i % 3 == 0 {
+            b.truncate((rng.next() as usize) % b.len());
+        }
+        std::fs::write(&fuzz, &b).unwrap();
+        let _ = read_all(&fuzz);
+    }
+    // Crafted chunks with valid checksums but hostile contents.
+    for payload in [
+        vec![0u8; 3],
+        vec![0xffu8; 36],
+        [
+            vec![0u8; 20],
+            vec![0xff, 0xff, 0xff, 0xff],
+            vec![0u8; 12],
+            b"\x28\xb5\x2f\xfd".to_vec(),
+        ]
+        .concat(),
+    ] {
+        let mut b = good[..FILE_HEADER_SIZE as usize].to_vec();
+        for kind in [KIND_EVENTS, KIND_IMAGE, KIND_META, KIND_END] {
+            b.extend_from_slice(&kind.to_le_bytes());
+            b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            b.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            b.extend_from_slice(&payload);
+        }
+        std::fs::write(&fuzz, &b).unwrap();
+        assert!(read_all(&fuzz).is_err());
+    }
+}
+
+/// Size and speed of the EVENTS encoding on a fib-like trace split into 1 MiB chunks.
+#[test]
+fn fib_trace_is_compact_and_fast() {
+    let mut rng = Rng(7);
+    let mut clock = 1u64 << 40;
+    let mut recs = Vec::new();
+    fib_records(24, &mut clock, &mut rng, 0, &mut recs);
+    let per_chunk = records_per_chunk(DEFAULT_CHUNK_SIZE);
+    let dir = tmpdir("fib");
+    let path = dir.join(TRACE_FILE);
+    let mut w = TraceWriter::create(&path).unwrap();
+    let before = w.bytes_written();
+    let mut worst = std::time::Duration::ZERO;
+    for (seq, chunk) in recs.chunks(per_chunk).enumerate() {
+        let t = Instant::now();
+        w.write_segment(0, 1, 1, seq as u64, 0, 0, chunk).unwrap();
+        if chunk.len() == per_chunk {
+            worst = worst.max(t.elapsed());
+        }
+    }
+    let per_record = (w.bytes_written() - before) as f64 / recs.len() as f64;
+    drop(w);
+    println!(
+        "fib(24): {} records, {per_record:.2} bytes/record on disk, worst encode of a full \
+         {per_chunk}-record chunk {worst:?}",
+        recs.len()
+    );
+    assert!(per_record <= 4.0, "{per_record} bytes per record");
+    if !cfg!(debug_assertions) {
+        assert!(worst.as_millis() < 5, "{worst:?}");
+    }
+    let mut r = TraceReader::open(&path).unwrap();
+    let mut back = Vec::new();
+    while let Some(Chunk::Events(s)) = r.next_chunk().unwrap() {
+        back.extend(s.records);
+    }
+    assert_eq!(back, recs);
+}

@@ -1,0 +1,167 @@
+//! Inventories of programs compiled by gcc at test time, stripped and unstripped.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fnscope_symbols::{load, load_bytes, Function, SymSource, SymbolError};
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fnscope-symbols-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Compiles the fixture with `extra` flags into `name` (once per name).
+fn compile(name: &str, extra: &[&str]) -> PathBuf {
+    let out = tmp(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixture.c");
+    run(Command::new("gcc").args(["-O2", "-g", "-o"]).arg(&out).arg(&src).args(extra));
+    out
+}
+
+fn named<'a>(fs: &'a [Function], name: &str) -> &'a Function {
+    fs.iter()
+        .find(|f| f.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in the inventory"))
+}
+
+#[test]
+fn unstripped_program() {
+    let path = compile("plain", &[]);
+    let inv = load(&path).unwrap();
+    assert!(inv.has_symtab);
+    assert!(inv.is_pie_or_shared);
+    assert!(!inv.is_static);
+    assert!(inv.build_id.is_some());
+    assert!(inv.debug_file.is_none());
+    assert!(inv.functions.windows(2).all(|w| w[0].address < w[1].address), "sorted, one per address");
+
+    let hot = named(&inv.functions, "hot");
+    assert!(hot.entry && hot.size > 0 && hot.source == SymSource::Symtab);
+    let cold = named(&inv.functions, "hot.cold");
+    assert!(!cold.entry);
+    assert_eq!(cold.not_entry_why, Some(fnscope_symbols::WHY_COLD));
+    let start = named(&inv.functions, "_start");
+    assert_eq!(start.address, inv.entry_point);
+    assert!(!start.entry);
+    assert!(named(&inv.functions, "helper").entry);
+    assert!(named(&inv.functions, "main").entry);
+    // Every function is in code.
+    for f in &inv.functions {
+        assert!(inv.code_range(f.address).is_some(), "{f:?}");
+    }
+}
+
+#[test]
+fn stripped_program_falls_back_to_eh_frame() {
+    let full = compile("for-strip", &[]);
+    let stripped = tmp("stripped");
+    run(Command::new("strip").arg("-o").arg(&stripped).arg(&full));
+    let full_inv = load(&full).unwrap();
+    let inv = load(&stripped).unwrap();
+    assert!(!inv.has_symtab);
+    assert!(inv.debug_file.is_none());
+
+    let hot = named(&full_inv.functions, "hot");
+    let piece = inv.function_at(hot.address).expect("hot's FDE");
+    assert_eq!(piece.name, None);
+    assert_eq!(piece.source, SymSource::EhFrame);
+    assert!(piece.entry);
+    assert_eq!(piece.display_name(), format!("sub_{:x}", hot.address));
+
+    // The cold part has an FDE of its own whose CFI says the frame is already set up.
+    let cold = named(&full_inv.functions, "hot.cold");
+    let piece = inv.function_at(cold.address).expect("hot.cold's FDE");
+    assert!(!piece.entry);
+    assert_eq!(piece.not_entry_why, Some(fnscope_symbols::WHY_CFA));
+}
+
+#[test]
+fn separate_debug_file_by_debuglink() {
+    let full = compile("for-debuglink", &[]);
+    let dir = tmp("debuglink");
+    std::fs::create_dir_all(&dir).unwrap();
+    let debug = dir.join("prog.debug");
+    let prog = dir.join("prog");
+    run(Command::new("objcopy").arg("--only-keep-debug").arg(&full).arg(&debug));
+    run(Command::new("strip").arg("-o").arg(&prog).arg(&full));
+    run(Command::new("objcopy").arg("--add-gnu-debuglink").arg(&debug).arg(&prog));
+
+    let inv = load(&prog).unwrap();
+    assert!(!inv.has_symtab);
+    assert_eq!(inv.debug_file.as_deref(), Some(debug.as_path()));
+    let helper = named(&inv.functions, "helper");
+    assert_eq!(helper.source, SymSource::DebugFile);
+    assert!(helper.entry);
+    assert!(!named(&inv.functions, "hot.cold").entry);
+}
+
+#[test]
+fn static_program() {
+    let path = compile("static", &["-static"]);
+    let inv = load(&path).unwrap();
+    assert!(inv.is_static);
+    assert!(!inv.is_pie_or_shared);
+    // glibc's own functions are there too.
+    assert!(named(&inv.functions, "hot").entry);
+    assert!(inv.functions.iter().any(|f| f.name.as_deref() == Some("malloc")));
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let not_elf = tmp("not-elf.txt");
+    std::fs::write(&not_elf, "#!/bin/sh\necho hi\n").unwrap();
+    assert!(matches!(load(&not_elf), Err(SymbolError::NotElf(_))));
+
+    let missing = tmp("does-not-exist");
+    let err = load(&missing).unwrap_err();
+    assert!(matches!(err, SymbolError::Io { .. }));
+    assert!(err.to_string().contains("does-not-exist"));
+
+    let path = compile("for-errors", &[]);
+    let mut data = std::fs::read(&path).unwrap();
+    data[18] = 183; // EM_AARCH64
+    match load_bytes(&path, &data) {
+        Err(SymbolError::NotX86_64 { machine, .. }) => assert_eq!(machine, 183),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn damaged_files_do_not_panic() {
+    let path = compile("for-damage", &[]);
+    let data = std::fs::read(&path).unwrap();
+    // Cut anywhere: in the headers, the section table, .eh_frame, the symbol tables.
+    let step = (data.len() / 97).max(1);
+    for len in (0..data.len()).step_by(step).chain([21, 64, 65]) {
+        let _ = load_bytes(&path, &data[..len.min(data.len())]);
+    }
+    // Scribble over every part of the file in turn.
+    for start in (0..data.len()).step_by(step) {
+        let mut bad = data.clone();
+        for b in bad.iter_mut().skip(start).take(64) {
+            *b ^= 0xa5;
+        }
+        let _ = load_bytes(&path, &bad);
+    }
+}
+
+/// The figures the brief asks for, on system binaries if they are present.
+#[test]
+fn system_binaries() {
+    for p in ["/usr/bin/python3.11", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git"] {
+        let path = Path::new(p);
+        if !path.exists() {
+            continue;
+        }
+        let inv = load(path).unwrap();
+        let entries = inv.functions.iter().filter(|f| f.entry).count();
+        assert!(entries > 1000, "{p}: {entries} entries");
+        assert!(inv.functions.windows(2).all(|w| w[0].address < w[1].address));
+    }
+}

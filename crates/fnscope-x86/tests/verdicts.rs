@@ -1,0 +1,293 @@
+//! Verdicts and relocation on a program compiled by gcc at test time, and on this test
+//! executable itself, whose relocated prologues are run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fnscope_abi::skip_reason;
+use fnscope_symbols::Inventory;
+use fnscope_x86::{analyze, max_relocated_len, relocate, Verdict};
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic};
+
+fn fixture() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fnscope-x86-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("fixture");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixture.c");
+    let r = Command::new("gcc").args(["-O2", "-o"]).arg(&out).arg(&src).output().expect("gcc");
+    assert!(r.status.success(), "gcc failed: {}", String::from_utf8_lossy(&r.stderr));
+    out
+}
+
+fn verdict_of<'a>(inv: &Inventory, verdicts: &'a [Verdict], name: &str) -> (u64, &'a Verdict) {
+    let i = inv
+        .functions
+        .iter()
+        .position(|f| f.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("{name} not found"));
+    (inv.functions[i].address, &verdicts[i])
+}
+
+fn reason(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Skip { reason, .. } => reason,
+        Verdict::Hookable { .. } => "hookable",
+    }
+}
+
+#[test]
+fn verdicts_on_gcc_program() {
+    let path = fixture();
+    let data = std::fs::read(&path).unwrap();
+    let inv = fnscope_symbols::load_bytes(&path, &data).unwrap();
+    let verdicts = analyze(&inv, &data);
+    assert_eq!(verdicts.len(), inv.functions.len());
+
+    let (_, v) = verdict_of(&inv, &verdicts, "normal");
+    assert!(v.patch_len().is_some_and(|p| p >= 5), "{v:?}");
+    let (_, v) = verdict_of(&inv, &verdicts, "tiny");
+    assert_eq!(reason(v), skip_reason::TOO_SHORT);
+    let (loopy, v) = verdict_of(&inv, &verdicts, "loopy");
+    assert_eq!(
+        v,
+        &Verdict::Skip {
+            reason: skip_reason::BRANCH_INTO_PATCH,
+            detail: format!("branch from {:#x} into +2", loopy + 6)
+        }
+    );
+    let (_, v) = verdict_of(&inv, &verdicts, "hot.cold");
+    assert_eq!(reason(v), skip_reason::NOT_ENTRY);
+    let (_, v) = verdict_of(&inv, &verdicts, "_start");
+    assert_eq!(reason(v), skip_reason::NOT_ENTRY);
+    assert!(verdict_of(&inv, &verdicts, "hot").1.patch_len().is_some());
+    assert!(verdict_of(&inv, &verdicts, "main").1.patch_len().is_some());
+
+    // riprel: `mov rax, [rip+counter]` (7 bytes) moved 1.5 GiB away still reads `counter`.
+    let (riprel, v) = verdict_of(&inv, &verdicts, "riprel");
+    assert_eq!(v.patch_len(), Some(7));
+    let counter = inv.functions.iter().find(|f| f.name.as_deref() == Some("counter"));
+    assert!(counter.is_none(), "data symbols are not functions");
+    let bytes = &inv.code_bytes(&data, riprel).unwrap()[..7];
+    let orig = Decoder::with_ip(64, bytes, riprel, DecoderOptions::NONE).decode();
+    let target = orig.ip_rel_memory_address();
+    for new_addr in [riprel + 0x6000_0000, riprel.wrapping_sub(0x1000).wrapping_add(0x7fff_0000)] {
+        let code = relocate(bytes, riprel, new_addr).unwrap();
+        assert!(code.len() <= max_relocated_len(7));
+        let mut d = Decoder::with_ip(64, &code, new_addr, DecoderOptions::NONE);
+        let moved = d.decode();
+        assert_eq!(moved.mnemonic(), Mnemonic::Mov);
+        assert_eq!(moved.ip_rel_memory_address(), target);
+        let back = d.decode();
+        assert_eq!(back.mnemonic(), Mnemonic::Jmp);
+        assert_eq!(back.near_branch_target(), riprel + 7);
+    }
+}
+
+#[test]
+fn python_share_of_hookable_entries() {
+    let path = Path::new("/usr/bin/python3.11");
+    if !path.exists() {
+        return;
+    }
+    let data = std::fs::read(path).unwrap();
+    let inv = fnscope_symbols::load_bytes(path, &data).unwrap();
+    let verdicts = analyze(&inv, &data);
+    let entries = inv.functions.iter().filter(|f| f.entry).count();
+    let hookable = verdicts.iter().filter(|v| v.patch_len().is_some()).count();
+    let share = hookable as f64 / entries as f64;
+    assert!(share >= 0.95, "{hookable} of {entries} entries hookable");
+}
+
+#[test]
+fn damaged_files_do_not_panic() {
+    let path = fixture();
+    let data = std::fs::read(&path).unwrap();
+    let step = (data.len() / 61).max(1);
+    for start in (0..data.len()).step_by(step) {
+        let mut bad = data.clone();
+        for b in bad.iter_mut().skip(start).take(256) {
+            *b = b.wrapping_mul(31).wrapping_add(7);
+        }
+        if let Ok(inv) = fnscope_symbols::load_bytes(&path, &bad) {
+            let v = analyze(&inv, &bad);
+            assert_eq!(v.len(), inv.functions.len());
+            // The inventory may now describe a different file than the bytes: no panic either.
+            let _ = analyze(&inv, &data[..data.len() / 2]);
+        }
+    }
+}
+
+// Functions of this test executable whose prologues are relocated and run.
+std::arch::global_asm!(
+    ".text",
+    // Displaced: the RIP-relative load (7 bytes).
+    ".globl fnscope_t_rip",
+    ".type fnscope_t_rip,@function",
+    "fnscope_t_rip:",
+    "mov rax, qword ptr [rip + {value}]",
+    "add rax, rdi",
+    "ret",
+    ".size fnscope_t_rip, .-fnscope_t_rip",
+    // Displaced: test, short jcc (to a target after the patch), mov (9 bytes).
+    ".globl fnscope_t_jcc",
+    ".type fnscope_t_jcc,@function",
+    "fnscope_t_jcc:",
+    "test edi, edi",
+    "je 2f",
+    "mov eax, 1",
+    "ret",
+    "2:",
+    "mov eax, 2",
+    "ret",
+    ".size fnscope_t_jcc, .-fnscope_t_jcc",
+    // Displaced: push and a call (6 bytes); the call must return to the original `pop`.
+    ".globl fnscope_t_call",
+    ".type fnscope_t_call,@function",
+    "fnscope_t_call:",
+    "push rbx",
+    "call {inc}",
+    "pop rbx",
+    "ret",
+    ".size fnscope_t_call, .-fnscope_t_call",
+    // Displaced: lea of its own address, then a compare (10 bytes).
+    ".globl fnscope_t_self",
+    ".type fnscope_t_self,@function",
+    "fnscope_t_self:",
+    "lea rax, [rip + fnscope_t_self]",
+    "cmp rdi, rax",
+    "sete al",
+    "movzx eax, al",
+    "ret",
+    ".size fnscope_t_self, .-fnscope_t_self",
+    value = sym FNSCOPE_T_VALUE,
+    inc = sym fnscope_t_inc,
+);
+
+#[no_mangle]
+static FNSCOPE_T_VALUE: u64 = 40;
+
+extern "C" fn fnscope_t_inc(x: u64) -> u64 {
+    x + 1
+}
+
+extern "C" {
+    fn fnscope_t_rip(x: u64) -> u64;
+    fn fnscope_t_jcc(x: u64) -> u64;
+    fn fnscope_t_call(x: u64) -> u64;
+    fn fnscope_t_self(x: u64) -> u64;
+}
+
+/// An executable page within `±1 GiB` of `near`.
+fn page_near(near: u64) -> *mut u8 {
+    for k in 1..64u64 {
+        for hint in [near.wrapping_sub(k << 24), near.wrapping_add(k << 24)] {
+            let hint = hint & !0xfff;
+            // SAFETY: an anonymous private mapping at a hint address touches no existing memory.
+            let p = unsafe {
+                libc::mmap(
+                    hint as *mut libc::c_void,
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                continue;
+            }
+            if (p as u64).abs_diff(near) < 1 << 30 {
+                return p as *mut u8;
+            }
+            // SAFETY: unmapping the page just mapped.
+            unsafe { libc::munmap(p, 4096) };
+        }
+    }
+    panic!("no free page within 1 GiB of {near:#x}");
+}
+
+#[test]
+fn relocated_prologues_run() {
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let data = std::fs::read(&exe).unwrap();
+    let inv = fnscope_symbols::load_bytes(&exe, &data).unwrap();
+    let verdicts = analyze(&inv, &data);
+    let cases: [(&str, unsafe extern "C" fn(u64) -> u64, &[(u64, u64)]); 4] = [
+        ("fnscope_t_rip", fnscope_t_rip, &[(2, 42)]),
+        ("fnscope_t_jcc", fnscope_t_jcc, &[(0, 2), (5, 1)]),
+        ("fnscope_t_call", fnscope_t_call, &[(9, 10)]),
+        ("fnscope_t_self", fnscope_t_self, &[(fnscope_t_self as usize as u64, 1), (0, 0)]),
+    ];
+    for (name, f, io) in cases {
+        let (link_addr, v) = verdict_of(&inv, &verdicts, name);
+        let patch_len = v.patch_len().unwrap_or_else(|| panic!("{name}: {v:?}"));
+        let run_addr = f as usize as u64;
+        let bytes = &inv.code_bytes(&data, link_addr).unwrap()[..patch_len];
+        let page = page_near(run_addr);
+        let code = relocate(bytes, run_addr, page as u64).unwrap();
+        assert!(code.len() <= max_relocated_len(patch_len) && code.len() <= 4096);
+        // SAFETY: `page` is a fresh writable 4 KiB mapping, `code` fits in it; after mprotect
+        // it holds the relocated prologue followed by a jump back into `f`, so calling it
+        // behaves as calling `f`.
+        let tramp: unsafe extern "C" fn(u64) -> u64 = unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), page, code.len());
+            assert_eq!(libc::mprotect(page.cast(), 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            std::mem::transmute::<*mut u8, unsafe extern "C" fn(u64) -> u64>(page)
+        };
+        for &(input, want) in io {
+            // SAFETY: see above.
+            assert_eq!(unsafe { tramp(input) }, want, "{name}({input})");
+            // SAFETY: the original, for comparison.
+            assert_eq!(unsafe { f(input) }, want, "{name}({input}) unhooked");
+        }
+        // SAFETY: unmapping our own page.
+        unsafe { libc::munmap(page.cast(), 4096) };
+    }
+}
+
+/// Hand-made sequences: short branches widened, far targets, the size bound.
+#[test]
+fn relocation_edge_cases() {
+    let orig = 0x7f12_3456_0000u64;
+    // jrcxz, loop, jcc: every one short, to targets past the patch.
+    let code = [0xe3, 0x10, 0xe2, 0x10, 0x74, 0x10];
+    for new_addr in [orig + 0x10_0000, orig - 0x7000_0000, orig + (5 << 30)] {
+        let out = relocate(&code, orig, new_addr).unwrap();
+        assert!(out.len() <= max_relocated_len(code.len()), "{} > bound", out.len());
+        let mut d = Decoder::with_ip(64, &out, new_addr, DecoderOptions::NONE);
+        let mut targets = Vec::new();
+        let mut i = Instruction::default();
+        while d.can_decode() {
+            d.decode_out(&mut i);
+            if i.is_ip_rel_memory_operand() && i.mnemonic() == Mnemonic::Jmp {
+                // Far form: the absolute target is in the 8 bytes the operand points at.
+                let off = (i.ip_rel_memory_address() - new_addr) as usize;
+                targets.push(u64::from_le_bytes(out[off..off + 8].try_into().unwrap()));
+            } else if i.op0_kind() == iced_x86::OpKind::NearBranch64 {
+                targets.push(i.near_branch_target());
+            }
+        }
+        for t in [orig + 2 + 0x10, orig + 4 + 0x10, orig + 6 + 0x10, orig + 6] {
+            assert!(targets.contains(&t), "{t:#x} not reached from {new_addr:#x}: {targets:x?}");
+        }
+    }
+    // A RIP-relative operand more than 2 GiB away cannot be re-encoded.
+    let mov = [0x48, 0x8b, 0x05, 0, 1, 0, 0];
+    let err = relocate(&mov, orig, orig + (3 << 30)).unwrap_err();
+    assert!(err.to_string().contains("within 2 GiB"), "{err}");
+    // A call in the middle would return into the trampoline.
+    assert!(relocate(&[0xe8, 0, 0, 0, 0, 0x90], orig, orig + 4096).is_err());
+    // Cut instruction.
+    assert!(relocate(&[0x48, 0x8b, 0x05, 0], orig, orig + 4096).is_err());
+}
+
+#[test]
+fn jmp_rel32_range() {
+    assert_eq!(fnscope_x86::jmp_rel32(0x1000, 0x1005), Some([0xe9, 0, 0, 0, 0]));
+    assert_eq!(fnscope_x86::jmp_rel32(0x1005, 0x1000), Some([0xe9, 0xf6, 0xff, 0xff, 0xff]));
+    assert_eq!(fnscope_x86::jmp_rel32(0, 0x8000_0004), Some([0xe9, 0xff, 0xff, 0xff, 0x7f]));
+    assert_eq!(fnscope_x86::jmp_rel32(0, 0x8000_0005), None);
+    assert_eq!(fnscope_x86::jmp_rel32(0x7fff_fffb, 0), Some([0xe9, 0, 0, 0, 0x80]));
+    assert_eq!(fnscope_x86::jmp_rel32(0x7fff_fffc, 0), None);
+    assert_eq!(fnscope_x86::jmp_rel32(u64::MAX - 4, 0x10), Some([0xe9, 0x10, 0, 0, 0]));
+}
