@@ -124,11 +124,14 @@ fn run(cli: Cli) -> Result<i32> {
                 ReplayFormat::Tree => fnscope_analysis::replay_tree(&input, tid, &mut out),
                 ReplayFormat::Lines => fnscope_analysis::replay_lines(&input, tid, &mut out),
             };
-            match r {
-                Err(e) if is_broken_pipe(&e) => return Ok(0),
+            let warnings = match r {
+                Err(fnscope_analysis::AnalysisError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(0),
                 r => r?,
             };
             let _ = out.flush();
+            for w in warnings {
+                eprintln!("fnscope: warning: {w}");
+            }
             Ok(0)
         }
         Command::Report { input, sort, top, threads, json } => {
@@ -155,9 +158,4 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
     }
-}
-
-fn is_broken_pipe(e: &fnscope_analysis::AnalysisError) -> bool {
-    let s = e.to_string();
-    s.contains("Broken pipe")
 }

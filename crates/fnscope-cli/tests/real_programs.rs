@@ -104,25 +104,20 @@ fn git_version_init_commit_log() {
     // The same sequence natively (in native/) and under record (in traced/): with fixed
     // names and dates the commit ids, and so all outputs, are the same.
     for side in ["native", "traced"] {
-        fs::create_dir_all(dir.join(side)).unwrap();
+        fs::create_dir_all(dir.join(side).join("repo")).unwrap();
+        fs::write(dir.join(side).join("repo/hello.txt"), "hello, fnscope\n").unwrap();
     }
     let steps: &[&[&str]] = &[
         &["--version"],
         &["init", "-q", "repo"],
-        &["-C", "repo", "config", "user.useConfigOnly", "false"],
         &["-C", "repo", "add", "hello.txt"],
         &["-C", "repo", "commit", "-q", "-m", "first commit"],
         &["-C", "repo", "log", "--format=%H %an <%ae> %ad %s", "--date=iso-strict"],
         &["-C", "repo", "status", "--short", "--branch"],
     ];
     for (i, args) in steps.iter().enumerate() {
-        if args.first() == Some(&"-C") && args[2] == "add" {
-            for side in ["native", "traced"] {
-                fs::write(dir.join(side).join("repo/hello.txt"), "hello, fnscope\n").unwrap();
-            }
-        }
-        // Each side runs in its own directory; same_under_record needs one cwd, so run the
-        // native half by hand there and the traced half in the other directory.
+        // Each side has its own directory, so the two halves are run here rather than by
+        // same_under_record (one directory for both).
         let native_inv =
             quiet_env(Invocation::new(&git, dir.join("native")), dir.path()).args(args);
         let traced_inv =
