@@ -65,6 +65,8 @@ pub struct ModuleResult {
     pub hooked: usize,
     /// Functions skipped.
     pub skipped: usize,
+    /// The jumps to write (after the image table naming them is out).
+    pub patches: Vec<(u64, [u8; 5])>,
 }
 
 /// One function to patch, planned.
@@ -157,8 +159,9 @@ fn set_prot(addr: u64, len: usize, prot: libc::c_int) -> bool {
 }
 
 /// Writes `jmp rel32` patches. Pages are made writable around the writes and given back
-/// read+execute. Only called while a single thread runs (start-up).
-fn write_patches(patches: &[(u64, [u8; 5])]) -> Result<(), String> {
+/// read+execute. Called at start-up (one thread) or for a library just loaded by `dlopen`,
+/// whose code no other thread is running yet.
+pub fn write_patches(patches: &[(u64, [u8; 5])]) -> Result<(), String> {
     let mut i = 0;
     while i < patches.len() {
         // Group patches of neighbouring pages into one mprotect pair.
@@ -318,9 +321,10 @@ fn name_of(inv: &Inventory, i: usize) -> String {
     }
 }
 
-/// Hooks every hookable function of `obj` for tracing, adding it to `table`.
-/// Functions at the run-time addresses in `exclude` (pre-hooked already) are skipped.
-pub fn hook_module(obj: &Loaded, table: &mut ImageTable, exclude: &[u64]) -> Result<ModuleResult, String> {
+/// Prepares hooks for every hookable function of `obj` (trampolines built, nothing patched
+/// yet), adding them to `table`. Functions at the run-time addresses in `exclude`
+/// (pre-hooked already) are skipped.
+pub fn plan_module(obj: &Loaded, table: &mut ImageTable, exclude: &[u64]) -> Result<ModuleResult, String> {
     let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
     let verdicts = fnscope_x86::analyze(&inv, &data);
@@ -370,8 +374,7 @@ pub fn hook_module(obj: &Loaded, table: &mut ImageTable, exclude: &[u64]) -> Res
             name_of(&inv, *i)
         );
     }
-    write_patches(&built.patches)?;
-    Ok(ModuleResult { hooked: built.patches.len(), skipped: skips.len() })
+    Ok(ModuleResult { hooked: built.patches.len(), skipped: skips.len(), patches: built.patches })
 }
 
 /// Installs pre-hooks (kind in the id field) on functions given by run-time address.

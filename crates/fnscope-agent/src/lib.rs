@@ -18,7 +18,10 @@ pub mod sys;
 pub mod thread;
 pub mod unwind;
 
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
@@ -57,11 +60,68 @@ extern "C" fn agent_fini() {
     }
 }
 
+/// What the agent keeps after start-up, for libraries loaded later.
+struct Tracer {
+    pid: u32,
+    sid: u32,
+    dir: PathBuf,
+    libs: Vec<String>,
+    prehooked: Vec<u64>,
+    table: hook::ImageTable,
+    /// Load addresses of the objects already looked at.
+    seen: HashSet<u64>,
+}
+
+static TRACER: Mutex<Option<Tracer>> = Mutex::new(None);
+
+impl Tracer {
+    /// Hooks the objects not seen yet that the user asked for (the main executable, and
+    /// libraries matching `--lib`); writes the image table before patching, so that the
+    /// recorder can name every id a record may carry.
+    fn hook_new_objects(&mut self, objs: &[hook::Loaded]) -> Result<(usize, usize), String> {
+        let mut pending = Vec::new();
+        let (mut hooked, mut skipped) = (0, 0);
+        for (i, obj) in objs.iter().enumerate() {
+            if !self.seen.insert(obj.lo) || hook::never_hook(&obj.path, obj) {
+                continue;
+            }
+            let path = obj.path.to_string_lossy();
+            let wanted = i == 0 || self.libs.iter().any(|p| path.contains(p.as_str()));
+            if !wanted {
+                continue;
+            }
+            match hook::plan_module(obj, &mut self.table, &self.prehooked) {
+                Ok(r) => {
+                    hooked += r.hooked;
+                    skipped += r.skipped;
+                    pending.push(r.patches);
+                }
+                Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),
+            }
+        }
+        if !pending.is_empty() {
+            self.write_table()?;
+            for p in pending {
+                hook::write_patches(&p)?;
+            }
+        }
+        Ok((hooked, skipped))
+    }
+
+    fn write_table(&self) -> Result<(), String> {
+        let images = self.dir.join("images");
+        std::fs::create_dir_all(&images).map_err(|e| format!("{}: {e}", images.display()))?;
+        let tmp = images.join(format!("{}.txt.tmp{}", self.sid, self.pid));
+        std::fs::write(&tmp, self.table.text()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, images.join(format!("{}.txt", self.sid))).map_err(|e| format!("{}: {e}", tmp.display()))
+    }
+}
+
 fn setup(shm: &str) -> Result<(), String> {
     let sid = region::attach(shm)?;
     let pid = sys::getpid();
     region::abandon_previous_images(pid);
-    let dir = std::env::var_os(fnscope_abi::ENV_DIR).ok_or("FNSCOPE_DIR is not set")?;
+    let dir = PathBuf::from(std::env::var_os(fnscope_abi::ENV_DIR).ok_or("FNSCOPE_DIR is not set")?);
     let libs: Vec<String> = std::env::var(fnscope_abi::ENV_LIBS)
         .unwrap_or_default()
         .split(',')
@@ -72,32 +132,54 @@ fn setup(shm: &str) -> Result<(), String> {
     let objs = hook::loaded_objects();
     // The unwinder's entry points get pre-hooks first; tracing must leave them alone.
     let (unwinder, prehooked) = unwind::install(&objs);
-    let mut table = hook::ImageTable::new(pid);
-    let (mut hooked, mut skipped) = (0, 0);
-    for (i, obj) in objs.iter().enumerate() {
-        if hook::never_hook(&obj.path, obj) {
-            continue;
-        }
-        let wanted = i == 0 || libs.iter().any(|p| obj.path.to_string_lossy().contains(p.as_str()));
-        if !wanted {
-            continue;
-        }
-        match hook::hook_module(obj, &mut table, &prehooked) {
-            Ok(r) => {
-                hooked += r.hooked;
-                skipped += r.skipped;
-            }
-            Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),
-        }
-    }
-    let images = std::path::Path::new(&dir).join("images");
-    std::fs::create_dir_all(&images).map_err(|e| format!("{}: {e}", images.display()))?;
-    let tmp = images.join(format!("{sid}.txt.tmp"));
-    std::fs::write(&tmp, table.text()).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, images.join(format!("{sid}.txt"))).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashSet::new() };
+    let (hooked, skipped) = t.hook_new_objects(&objs)?;
+    t.write_table()?;
     if verbose() {
         warn(&format!("pid {pid}: {hooked} functions hooked, {skipped} skipped, {unwinder} unwinder hooks"));
     }
+    *TRACER.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
     ACTIVE.store(true, Ordering::Release);
     Ok(())
+}
+
+type DlopenFn = unsafe extern "C" fn(*const libc::c_char, libc::c_int) -> *mut libc::c_void;
+
+/// `dlopen`, interposed (the agent is preloaded, so calls through the PLT come here): after
+/// the real one returns, libraries matching `--lib` get hooked. Their constructors have run
+/// by then and are not traced.
+///
+/// # Safety
+/// Same contract as the C library's `dlopen`.
+#[no_mangle]
+pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_int) -> *mut libc::c_void {
+    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let real = *REAL.get_or_init(|| {
+        // SAFETY: RTLD_NEXT lookup of a symbol the C library defines.
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize }
+    });
+    if real == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `real` is the next definition of dlopen, with the same signature.
+    let h = unsafe { std::mem::transmute::<usize, DlopenFn>(real)(filename, flags) };
+    if !h.is_null() && active() {
+        let mut g = TRACER.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = g.as_mut() {
+            if !t.libs.is_empty() {
+                let objs = hook::loaded_objects();
+                if t.pid != sys::getpid() {
+                    // A forked child: the parent's table (same session id) must not change
+                    // under it, so the child continues under an id of its own.
+                    t.pid = sys::getpid();
+                    t.sid = region::renew_sid();
+                    thread::restart_stream();
+                }
+                if let Err(e) = t.hook_new_objects(&objs) {
+                    warn(&format!("after dlopen: {e}"));
+                }
+            }
+        }
+    }
+    h
 }

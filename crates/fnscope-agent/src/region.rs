@@ -57,6 +57,16 @@ pub fn attach(path: &str) -> Result<u32, String> {
     Ok(sid)
 }
 
+/// Takes a new image session id for this process (a forked child about to extend the image
+/// table it shares with its parent).
+pub fn renew_sid() -> u32 {
+    let hdr = header();
+    // SAFETY: aligned u32 inside the mapped header.
+    let sid = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).next_image_sid)) }.fetch_add(1, Ordering::AcqRel);
+    IMAGE_SID.store(sid, Ordering::Relaxed);
+    sid
+}
+
 /// Whether [`attach`] succeeded.
 pub fn attached() -> bool {
     BASE.load(Ordering::Acquire) != 0

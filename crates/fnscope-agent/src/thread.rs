@@ -198,6 +198,27 @@ extern "C" fn after_fork_child() {
     }
 }
 
+/// Hands the calling thread's chunk over now, so that its next records go to a chunk
+/// carrying the current image session id.
+pub fn restart_stream() {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state; `in_slow` keeps a signal handler's records out of
+    // the chunk while it is swapped.
+    unsafe {
+        if (*st).exited != 0 || (*st).in_slow != 0 {
+            return;
+        }
+        write_volatile(addr_of_mut!((*st).in_slow), 1);
+        write_volatile(addr_of_mut!((*st).buf_end), 0);
+        let c = (*st).chunk;
+        if !c.is_null() {
+            (*st).chunk = core::ptr::null_mut();
+            region::publish(c, filled(st, c), 0);
+        }
+        write_volatile(addr_of_mut!((*st).in_slow), 0);
+    }
+}
+
 /// Swaps a full chunk for a new one. Returns 0 when the stub may retry, 1 when it must drop
 /// its record.
 #[no_mangle]

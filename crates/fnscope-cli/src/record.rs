@@ -7,7 +7,7 @@ use fnscope_abi::{
     CHUNK_FULL, CHUNK_HEADER_SIZE, CHUNK_OWNED, RECORD_SIZE,
 };
 use fnscope_format::{EndInfo, Meta, TraceWriter};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -177,28 +177,34 @@ struct Recorder {
     writer: TraceWriter,
     dir: PathBuf,
     images_written: HashSet<u32>,
+    /// Size and modification time of each image table when it was copied: a table grows when
+    /// the program loads a library with `dlopen`, and is then copied again.
+    image_stamps: HashMap<u32, (u64, std::time::SystemTime)>,
     pids: BTreeSet<u32>,
     calls: u64,
+    images_checked: bool,
 }
 
 impl Recorder {
-    /// Copies every image table the agents have written and not yet copied.
+    /// Copies every image table the agents have written or extended since the last look.
     fn copy_images(&mut self) -> Result<()> {
         let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else { return Ok(()) };
-        let mut found: Vec<(u32, PathBuf)> = rd
+        let mut found: Vec<(u32, PathBuf, (u64, std::time::SystemTime))> = rd
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let sid = name.strip_suffix(".txt")?.parse().ok()?;
-                Some((sid, e.path()))
+                let m = e.metadata().ok()?;
+                Some((sid, e.path(), (m.len(), m.modified().ok()?)))
             })
-            .filter(|(sid, _)| !self.images_written.contains(sid))
+            .filter(|(sid, _, stamp)| self.image_stamps.get(sid) != Some(stamp))
             .collect();
-        found.sort();
-        for (sid, p) in found {
+        found.sort_by_key(|f| f.0);
+        for (sid, p, stamp) in found {
             let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
             self.writer.write_image(sid, &text)?;
             self.images_written.insert(sid);
+            self.image_stamps.insert(sid, stamp);
         }
         Ok(())
     }
@@ -210,8 +216,9 @@ impl Recorder {
             let c = &*self.region.chunk(i);
             (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags)
         };
-        if !self.images_written.contains(&sid) {
+        if !self.images_written.contains(&sid) || !self.images_checked {
             self.copy_images()?;
+            self.images_checked = true;
         }
         let recs = self.region.records(i, n);
         self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
@@ -230,6 +237,9 @@ impl Recorder {
 
     /// Copies every FULL chunk. Returns how many.
     fn drain(&mut self) -> Result<usize> {
+        // Tables are looked at again once per pass, before the first chunk: a chunk may hold
+        // ids of a library loaded since the last pass.
+        self.images_checked = false;
         let mut n = 0;
         for i in 0..self.region.nchunks {
             if self.region.state(i).load(Ordering::Acquire) == CHUNK_FULL {
@@ -339,7 +349,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();
     let child_pid = child.id() as libc::pid_t;
-    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), pids: BTreeSet::new(), calls: 0 };
+    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), image_stamps: HashMap::new(), images_checked: false, pids: BTreeSet::new(), calls: 0 };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
     loop {
