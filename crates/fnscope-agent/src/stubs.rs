@@ -220,8 +220,8 @@ fnscope_exit:
     RESTORE_ALL
     jmp .Lexit_retry
 .Lentry_untraced:
-    /* Shadow stack full, or tracing paused while an exception unwinds: run the call
-       unrecorded (its return address stays as it is). */
+    /* Shadow stack full, or an untraced thread: run the call unrecorded (its return address
+       stays as it is). */
     sub qword ptr [rdx], 32
     mov rcx, [rsp - 32]
     mov rdx, [rsp - 24]
@@ -236,7 +236,8 @@ fnscope_exit:
     .size fnscope_entry, . - fnscope_entry
 
     /* Pre-hooks on the unwinder: call the Rust handler with the hook kind (the slot's id
-       field) and the stack pointer at entry, then run the original function. */
+       field), the stack pointer at entry and the function's first argument (the exception
+       object), then run the original function. */
     .globl fnscope_prehook
     .hidden fnscope_prehook
     .type fnscope_prehook,@function
@@ -244,6 +245,7 @@ fnscope_exit:
 fnscope_prehook:
     mov [rsp - 16], r11
     SAVE_ALL
+    mov rdx, rdi
     mov edi, dword ptr [r11 - 4]
     lea rsi, [rbp + 208]
     call fnscope_prehook_handler

@@ -10,7 +10,7 @@ use fnscope_abi::{ChunkHeader, Record, CHUNK_FLAG_LAST, RECORD_SIZE, REC_FLAG_UN
 pub struct ThreadState {
     /// Next free shadow-stack entry.
     pub ss_top: u64,
-    /// End of usable shadow-stack entries; 0 while tracing is paused.
+    /// End of usable shadow-stack entries; 0 in the state of untraced threads.
     pub ss_limit: u64,
     /// Next record slot.
     pub buf_ptr: u64,
@@ -20,8 +20,6 @@ pub struct ThreadState {
     pub ss_base: u64,
     /// Chunk being filled, or null.
     pub chunk: *mut ChunkHeader,
-    /// Real end of the shadow stack (restored into `ss_limit` after a pause).
-    pub ss_end: u64,
     /// Sequence number of the next chunk of this thread.
     pub seq: u64,
     /// Records dropped since the last chunk was taken.
@@ -34,9 +32,18 @@ pub struct ThreadState {
     pub in_slow: u32,
     /// Non-zero once the thread (or process) is finishing: records are dropped.
     pub exited: u32,
-    /// Exceptions being unwound through restored frames (tracing paused while non-zero).
+    /// Number of exceptions in `inflight`.
     pub unwinding: u32,
+    /// Exception objects being unwound through restored frames (the frames are re-armed
+    /// when the last one is caught): a rethrow enters the unwinder twice with the same object, and an
+    /// exception thrown and caught inside a destructor during unwinding must not re-arm the
+    /// frames the outer one is still unwinding.
+    pub inflight: [u64; MAX_INFLIGHT],
 }
+
+/// Exceptions tracked at once per thread; beyond that, frames are re-armed only when all
+/// are caught.
+pub const MAX_INFLIGHT: usize = 8;
 
 /// One shadow-stack entry, 32 bytes, laid out as the stubs write it.
 #[repr(C)]
@@ -79,7 +86,6 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     buf_end: 0,
     ss_base: 0,
     chunk: core::ptr::null_mut(),
-    ss_end: 0,
     seq: 0,
     lost: 0,
     pid: 0,
@@ -87,6 +93,7 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     in_slow: 0,
     exited: 1,
     unwinding: 0,
+    inflight: [0; MAX_INFLIGHT],
 }));
 
 fn disabled() -> *mut ThreadState {
@@ -135,8 +142,7 @@ extern "C" fn fnscope_thread_init() {
     unsafe {
         (*st).ss_base = base;
         (*st).ss_top = base;
-        (*st).ss_end = base + SHADOW_BYTES as u64;
-        (*st).ss_limit = (*st).ss_end;
+        (*st).ss_limit = base + SHADOW_BYTES as u64;
         (*st).pid = sys::getpid();
         (*st).tid = sys::gettid();
         libc::pthread_setspecific(KEY, st as *const libc::c_void);
@@ -147,8 +153,13 @@ extern "C" fn fnscope_thread_init() {
 /// pthread key destructor: the thread is ending; hand its chunk to the recorder.
 extern "C" fn thread_exit(p: *mut libc::c_void) {
     let st = p as *mut ThreadState;
-    // SAFETY: `p` is the state this thread registered in `fnscope_thread_init`.
-    unsafe { finish(st) };
+    // SAFETY: `p` is the state this thread registered in `fnscope_thread_init`. Entries still
+    // on its shadow stack are calls that `pthread_exit` (a forced unwind) or a cancellation
+    // ended.
+    unsafe {
+        emit_open_calls(st, stubs::tsc());
+        finish(st);
+    }
 }
 
 /// Publishes the thread's chunk as its last and drops any later record.
@@ -349,14 +360,30 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
 }
 
 /// An exception starts unwinding: give every hooked frame its real return address back so
-/// that the unwinder sees an ordinary stack, and pause tracing until it is caught. `rsp` is
-/// the stack pointer at the unwinder's entry: frames below it are already gone.
-pub fn unwind_begins(rsp: u64) {
+/// that the unwinder sees an ordinary stack. `rsp` is the stack pointer at the unwinder's
+/// entry: frames below it are already gone.
+///
+/// Tracing goes on meanwhile: calls made by cleanups (destructors, `pthread_cleanup_push`
+/// handlers) run in new frames below the landing pad and return before the unwinder walks
+/// on, so their exit stubs are never in its way.
+pub fn unwind_begins(rsp: u64, exception: u64) {
     let Some(st) = current() else { return };
     let now = stubs::tsc();
     // SAFETY: `st` is this thread's state; every slot written holds fnscope_exit, i.e. is a live
     // return-address slot we replaced ourselves.
     unsafe {
+        let n = (*st).unwinding as usize;
+        let known = (&(*st).inflight)[..n.min(MAX_INFLIGHT)].contains(&exception);
+        if !known {
+            if n < MAX_INFLIGHT {
+                (*st).inflight[n] = exception;
+            }
+            (*st).unwinding += 1;
+        }
+        if n > 0 {
+            // Already paused and restored.
+            return;
+        }
         while (*st).ss_top > (*st).ss_base && (*((((*st).ss_top) - 32) as *const ShadowEntry)).slot < rsp {
             pop_unwound(st, now);
         }
@@ -370,22 +397,28 @@ pub fn unwind_begins(rsp: u64) {
                 write_volatile(slot, (*e).ret);
             }
         }
-        (*st).unwinding += 1;
-        write_volatile(addr_of_mut!((*st).ss_limit), 0);
     }
 }
 
-/// An exception was caught by code whose stack pointer is `caller_rsp`: frames below are
-/// gone (recorded as unwound), frames above are live again and get their exit stub back.
-pub fn unwind_caught(caller_rsp: u64) {
+/// Exception `exception` was caught by code whose stack pointer is `caller_rsp`. When no
+/// other exception is in flight, frames below that are gone (recorded as unwound), and the
+/// frames above are live again and get their exit stub back.
+pub fn unwind_caught(caller_rsp: u64, exception: u64) {
     let Some(st) = current() else { return };
     // SAFETY: `st` is this thread's state; live entries' slots hold their real return address
     // (restored by `unwind_begins`), and we only swap it back when it still does.
     unsafe {
-        if (*st).unwinding == 0 {
+        let n = (*st).unwinding as usize;
+        if n == 0 {
             return;
         }
-        (*st).unwinding -= 1;
+        let tracked = n.min(MAX_INFLIGHT);
+        if let Some(k) = (&(*st).inflight)[..tracked].iter().position(|&e| e == exception) {
+            (*st).inflight[k] = (*st).inflight[tracked - 1];
+            (*st).unwinding -= 1;
+        } else if n > MAX_INFLIGHT {
+            (*st).unwinding -= 1;
+        }
         if (*st).unwinding != 0 {
             return;
         }
@@ -403,18 +436,15 @@ pub fn unwind_caught(caller_rsp: u64) {
                 write_volatile(slot, exit);
             }
         }
-        write_volatile(addr_of_mut!((*st).ss_limit), (*st).ss_end);
     }
 }
 
-/// Process exit (the agent's destructor, inside `exit`): calls still open on this thread will
-/// never return; record them as ending now and hand the chunk over.
-pub fn process_exit() {
-    let Some(st) = current() else { return };
-    let now = stubs::tsc();
-    // SAFETY: `st` is this thread's state. Entries are emitted without popping them: `exit`
-    // never returns into those frames, and leaving them keeps the stack consistent for any
-    // hooked code that still runs after us.
+/// Records every call still on the shadow stack as ending at `now`, without popping them.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn emit_open_calls(st: *mut ThreadState, now: u64) {
+    // SAFETY: per the caller's guarantee; entries between base and top are initialised.
     unsafe {
         let mut p = (*st).ss_top;
         while p > (*st).ss_base {
@@ -423,6 +453,18 @@ pub fn process_exit() {
             let depth = ((p - (*st).ss_base) / 32) as u32;
             emit(st, Record::new((*e).t_entry, now, (*e).id as u32, depth, REC_FLAG_UNWOUND));
         }
+    }
+}
+
+/// Process exit (the agent's destructor, inside `exit`): calls still open on this thread will
+/// never return; record them as ending now and hand the chunk over.
+pub fn process_exit() {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state. Entries are not popped: `exit` never returns into
+    // those frames, and leaving them keeps the stack consistent for hooked code that still
+    // runs after us (later destructors), whose records are dropped.
+    unsafe {
+        emit_open_calls(st, stubs::tsc());
         finish(st);
     }
 }

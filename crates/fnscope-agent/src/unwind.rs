@@ -19,13 +19,14 @@ const KIND_CAUGHT: u32 = 2;
 const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
 const CAUGHT: &[&str] = &["__cxa_begin_catch"];
 
-/// Called by `fnscope_prehook` with the kind and the stack pointer at the hooked function's
-/// entry (pointing at its return address).
+/// Called by `fnscope_prehook` with the kind, the stack pointer at the hooked function's
+/// entry (pointing at its return address) and its first argument: the `_Unwind_Exception`
+/// for all the hooked functions.
 #[no_mangle]
-extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64) {
+extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
     match kind {
-        KIND_BEGIN => thread::unwind_begins(rsp),
-        KIND_CAUGHT => thread::unwind_caught(rsp + 8),
+        KIND_BEGIN => thread::unwind_begins(rsp, exception),
+        KIND_CAUGHT => thread::unwind_caught(rsp + 8, exception),
         _ => {}
     }
 }

@@ -144,7 +144,10 @@ pub fn render_info_text(i: &Info) -> String {
         Some(e) => {
             let _ = writeln!(o, "ended:            {}", wall(e.end_unix_ns));
             let how = match (e.exit_status, e.killed_by_signal) {
-                (_, Some(sig)) => format!("killed by signal {sig}"),
+                (_, Some(sig)) => format!(
+                    "killed by signal {sig}: the trace ended abruptly; every call that returned before \
+                     is in it, calls still running then are not"
+                ),
                 (Some(st), None) => format!("exited with status {st}"),
                 (None, None) => "unknown".to_string(),
             };
