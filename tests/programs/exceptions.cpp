@@ -27,18 +27,20 @@ struct AppError : std::runtime_error {
     explicit AppError(int c) : std::runtime_error("app error " + std::to_string(c)), code(c) {}
 };
 
+// The attributes must be on the declarations in the class: on the out-of-class definitions
+// alone GCC 12 still inlines constructor and destructor into their callers.
 struct Guard {
     int id;
-    explicit Guard(int i);
-    ~Guard();
+    NOINLINE explicit Guard(int i);
+    NOINLINE ~Guard();
 };
 
-NOINLINE Guard::Guard(int i) : id(i)
+Guard::Guard(int i) : id(i)
 {
     HIT(guard_ctor);
 }
 
-NOINLINE Guard::~Guard()
+Guard::~Guard()
 {
     HIT(guard_dtor);
     __atomic_fetch_add(&sink, id, __ATOMIC_RELAXED);
