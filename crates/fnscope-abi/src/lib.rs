@@ -210,3 +210,62 @@ pub mod skip_reason {
     /// The function is in a section that is not executable code (or overlaps another one).
     pub const NOT_CODE: &str = "not-code";
 }
+
+/// Selects count mode when set to `count` (the default is timing).
+pub const ENV_MODE: &str = "FNSCOPE_MODE";
+
+/// Count mode: `DIR/counts/<sid>.bin`, one file per process image, mapped `MAP_SHARED` by
+/// the agent so that the counts survive the program being killed.
+///
+/// A [`counts::CountsHeader`] page, then `nblocks` blocks of `block_size` bytes: a
+/// [`counts::BlockHeader`] and `capacity` u64 counters, one per function id. Each live thread
+/// owns a block and increments its counters without atomics (no cache line is shared between
+/// threads); when a thread ends its counts are added atomically into block 0, which holds the
+/// threads that have ended, and its block is freed for reuse.
+pub mod counts {
+    /// `CountsHeader::magic`.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"FNSCCNT1");
+    /// Size of the header; block 0 starts here.
+    pub const HEADER_SIZE: usize = 4096;
+    /// Size of a block header; counters follow it.
+    pub const BLOCK_HEADER_SIZE: usize = 64;
+    /// `BlockHeader::state`: unused.
+    pub const BLOCK_FREE: u32 = 0;
+    /// `BlockHeader::state`: owned by a live thread.
+    pub const BLOCK_LIVE: u32 = 1;
+    /// `BlockHeader::state`: the sum of ended threads (block 0).
+    pub const BLOCK_ENDED: u32 = 2;
+
+    /// First page of a counts file.
+    #[repr(C)]
+    pub struct CountsHeader {
+        /// [`MAGIC`].
+        pub magic: u64,
+        /// Counters per block: function ids `0..capacity` can be counted.
+        pub capacity: u32,
+        /// Number of blocks.
+        pub nblocks: u32,
+        /// Bytes per block, header included.
+        pub block_size: u32,
+        /// Function ids in use (grows when libraries are loaded with `dlopen`).
+        pub nfuncs: u32,
+        /// Threads that found no free block; their calls were not counted.
+        pub threads_lost: u32,
+    }
+
+    /// Header of one block.
+    #[repr(C)]
+    pub struct BlockHeader {
+        /// `BLOCK_FREE`, `BLOCK_LIVE` or `BLOCK_ENDED`; accessed atomically.
+        pub state: u32,
+        /// Process id of the owner.
+        pub pid: u32,
+        /// Thread id of the owner (0 in block 0).
+        pub tid: u32,
+    }
+
+    /// Byte offset of block `i`.
+    pub const fn block_offset(block_size: u32, i: u32) -> usize {
+        HEADER_SIZE + i as usize * block_size as usize
+    }
+}

@@ -192,6 +192,60 @@ pub enum SlotKind {
     Trace,
     /// Unwinder support: `fnscope_prehook`, with the hook kind in the id field.
     Prehook,
+    /// Count mode: the slot increments the function's counter itself.
+    Count,
+}
+
+/// Head of a tracing (or pre-hook) slot: see [`crate::stubs`].
+fn trace_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
+    let mut head = vec![0xccu8; SLOT_CODE_OFFSET];
+    // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
+    head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
+    // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
+    head[5..8].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
+    head[8..12].copy_from_slice(&((SLOT_CODE_OFFSET as i32) - 12).to_le_bytes());
+    // jmp qword ptr [rip + disp32] to the area header's stub address.
+    head[12..14].copy_from_slice(&[0xff, 0x25]);
+    head[14..18].copy_from_slice(&((area as i64 - (slot as i64 + 18)) as i32).to_le_bytes());
+    head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4].copy_from_slice(&id.to_le_bytes());
+    head
+}
+
+/// Bytes before a count slot's entry: the first-call tail.
+const COUNT_TAIL: usize = 16;
+/// Offset of the relocated prologue in a count slot.
+const COUNT_CODE_OFFSET: usize = COUNT_TAIL + 33;
+
+/// Head of a counting slot: see [`crate::count`].
+fn count_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
+    let rip_rel = |at: usize, len: usize, target: u64| -> [u8; 4] {
+        ((target as i64 - (slot as i64 + (at + len) as i64)) as i32).to_le_bytes()
+    };
+    let e = COUNT_TAIL;
+    let mut h = vec![0xccu8; COUNT_CODE_OFFSET];
+    // tail: lea r11, [rip + entry+5]; jmp qword ptr [rip + area+0] (fnscope_count_init).
+    h[0..3].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
+    h[3..7].copy_from_slice(&rip_rel(0, 7, slot + e as u64 + 5));
+    h[7..9].copy_from_slice(&[0xff, 0x25]);
+    h[9..13].copy_from_slice(&rip_rel(7, 6, area));
+    // entry: mov [rsp-8], r11
+    h[e..e + 5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
+    // mov r11, [rip + area+8] (the TLS offset)
+    h[e + 5..e + 8].copy_from_slice(&[0x4c, 0x8b, 0x1d]);
+    h[e + 8..e + 12].copy_from_slice(&rip_rel(e + 5, 7, area + 8));
+    // mov r11, fs:[r11]
+    h[e + 12..e + 16].copy_from_slice(&[0x64, 0x4d, 0x8b, 0x1b]);
+    // test r11, r11
+    h[e + 16..e + 19].copy_from_slice(&[0x4d, 0x85, 0xdb]);
+    // jz tail (rel8, backwards to the slot's start)
+    h[e + 19] = 0x74;
+    h[e + 20] = (0i64 - (e as i64 + 21)) as i8 as u8;
+    // inc qword ptr [r11 + id*8]
+    h[e + 21..e + 24].copy_from_slice(&[0x49, 0xff, 0x83]);
+    h[e + 24..e + 28].copy_from_slice(&(id.wrapping_mul(8)).to_le_bytes());
+    // mov r11, [rsp-8]
+    h[e + 28..e + 33].copy_from_slice(&[0x4c, 0x8b, 0x5c, 0x24, 0xf8]);
+    h
 }
 
 /// Builds the slots for `plans` in a new area near `[lo, hi)` and returns the patches to write.
@@ -202,18 +256,25 @@ fn build_slots(
     plans: &[Planned],
     kind: SlotKind,
     next_id: &mut u32,
+    max_id: u32,
 ) -> Result<Built, String> {
-    let slot_len = |p: &Planned| round_up(SLOT_CODE_OFFSET + fnscope_x86::max_relocated_len(p.patch_len), 16);
+    let code_offset = match kind {
+        SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
+        SlotKind::Count => COUNT_CODE_OFFSET,
+    };
+    let slot_len = |p: &Planned| round_up(code_offset + fnscope_x86::max_relocated_len(p.patch_len), 16);
     let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
     let area = alloc_near(lo, hi, total).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
     let target = match kind {
         SlotKind::Trace => stubs::fnscope_entry as *const () as u64,
         SlotKind::Prehook => stubs::fnscope_prehook as *const () as u64,
+        SlotKind::Count => stubs::fnscope_count_init as *const () as u64,
     };
     // SAFETY: the area is a fresh read-write mapping of `area.len` bytes; every write below
     // stays inside it (slot offsets are summed from the same lengths that sized it).
     unsafe {
         *(area.base as *mut u64) = target;
+        *((area.base + 8) as *mut u64) = stubs::fnscope_tls_offset();
     }
     let mut patches = Vec::with_capacity(plans.len());
     let mut failed = Vec::new();
@@ -221,7 +282,7 @@ fn build_slots(
     let mut off = AREA_HEADER;
     for p in plans {
         let slot = area.base + off as u64;
-        let code_at = slot + SLOT_CODE_OFFSET as u64;
+        let code_at = slot + code_offset as u64;
         // SAFETY: reads `patch_len` bytes of a function's code in a mapped executable segment.
         let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.patch_len) };
         let reloc = match fnscope_x86::relocate(orig, p.addr, code_at) {
@@ -231,16 +292,24 @@ fn build_slots(
                 continue;
             }
         };
-        let jmp = match fnscope_x86::jmp_rel32(p.addr, slot) {
+        let entry = match kind {
+            SlotKind::Trace | SlotKind::Prehook => slot,
+            SlotKind::Count => slot + COUNT_TAIL as u64,
+        };
+        let jmp = match fnscope_x86::jmp_rel32(p.addr, entry) {
             Some(j) => j,
             None => {
                 failed.push((p.index, "trampoline out of reach".to_string()));
                 continue;
             }
         };
-        // Trace ids are handed out only to slots actually built, so they stay dense.
+        if kind != SlotKind::Prehook && *next_id >= max_id {
+            failed.push((p.index, "no counter left for it (libraries loaded late in count mode)".to_string()));
+            continue;
+        }
+        // Ids are handed out only to slots actually built, so they stay dense.
         let id = match kind {
-            SlotKind::Trace => {
+            SlotKind::Trace | SlotKind::Count => {
                 let id = *next_id;
                 *next_id += 1;
                 id
@@ -248,22 +317,15 @@ fn build_slots(
             SlotKind::Prehook => p.id,
         };
         ids.push((p.index, id));
-        let mut head = [0xccu8; SLOT_CODE_OFFSET];
-        // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
-        head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
-        // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
-        head[5..8].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
-        head[8..12].copy_from_slice(&((SLOT_CODE_OFFSET as i32) - 12).to_le_bytes());
-        // jmp qword ptr [rip + disp32] to the area header.
-        head[12..14].copy_from_slice(&[0xff, 0x25]);
-        let disp = area.base as i64 - (slot as i64 + 18);
-        head[14..18].copy_from_slice(&(disp as i32).to_le_bytes());
-        head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4].copy_from_slice(&id.to_le_bytes());
+        let head = match kind {
+            SlotKind::Trace | SlotKind::Prehook => trace_head(slot, area.base, id),
+            SlotKind::Count => count_head(slot, area.base, id),
+        };
         // SAFETY: the slot lies inside the area (see above) and is `slot_len(p)` bytes long,
         // which bounds the relocated code by `max_relocated_len`.
         unsafe {
-            core::ptr::copy_nonoverlapping(head.as_ptr(), slot as *mut u8, SLOT_CODE_OFFSET);
-            let n = reloc.len().min(slot_len(p) - SLOT_CODE_OFFSET);
+            core::ptr::copy_nonoverlapping(head.as_ptr(), slot as *mut u8, head.len());
+            let n = reloc.len().min(slot_len(p) - code_offset);
             core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
         }
         patches.push((p.addr, jmp));
@@ -307,6 +369,11 @@ impl ImageTable {
         ImageTable { text, next_id: 0, modules: 0 }
     }
 
+    /// Ids handed out so far.
+    pub fn ids(&self) -> u32 {
+        self.next_id
+    }
+
     /// The text so far.
     pub fn text(&self) -> &str {
         &self.text
@@ -324,7 +391,14 @@ fn name_of(inv: &Inventory, i: usize) -> String {
 /// Prepares hooks for every hookable function of `obj` (trampolines built, nothing patched
 /// yet), adding them to `table`. Functions at the run-time addresses in `exclude`
 /// (pre-hooked already) are skipped.
-pub fn plan_module(obj: &Loaded, table: &mut ImageTable, exclude: &[u64]) -> Result<ModuleResult, String> {
+/// Ids are not handed out beyond `max_id`.
+pub fn plan_module(
+    obj: &Loaded,
+    table: &mut ImageTable,
+    exclude: &[u64],
+    kind: SlotKind,
+    max_id: u32,
+) -> Result<ModuleResult, String> {
     let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
     let verdicts = fnscope_x86::analyze(&inv, &data);
@@ -354,7 +428,7 @@ pub fn plan_module(obj: &Loaded, table: &mut ImageTable, exclude: &[u64]) -> Res
             Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
         }
     }
-    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Trace, &mut table.next_id)
+    let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id)
         .map_err(|e| format!("{}: {e}", obj.path.display()))?;
     for (i, why) in built.failed {
         skips.push((i, skip_reason::UNRELOCATABLE, why));
@@ -392,7 +466,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
     if plans.is_empty() {
         return Ok(0);
     }
-    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0)?;
+    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX)?;
     write_patches(&built.patches)?;
     Ok(built.patches.len())
 }

@@ -11,6 +11,7 @@
 //! Nothing here runs unless `FNSCOPE_SHM` is set, so the library is inert when loaded by
 //! accident.
 
+pub mod count;
 pub mod hook;
 pub mod region;
 pub mod stubs;
@@ -24,6 +25,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+static COUNT_MODE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the agent counts calls instead of timing them.
+pub fn count_mode() -> bool {
+    COUNT_MODE.load(Ordering::Relaxed)
+}
 
 /// Whether the agent set itself up and threads should be traced.
 pub fn active() -> bool {
@@ -55,7 +62,7 @@ extern "C" fn agent_init() {
 }
 
 extern "C" fn agent_fini() {
-    if active() {
+    if active() && !count_mode() {
         thread::process_exit();
     }
 }
@@ -70,6 +77,8 @@ struct Tracer {
     table: hook::ImageTable,
     /// Load addresses of the objects already looked at.
     seen: HashSet<u64>,
+    /// Slots to build: tracing or counting.
+    kind: hook::SlotKind,
 }
 
 static TRACER: Mutex<Option<Tracer>> = Mutex::new(None);
@@ -90,7 +99,8 @@ impl Tracer {
             if !wanted {
                 continue;
             }
-            match hook::plan_module(obj, &mut self.table, &self.prehooked) {
+            let max_id = if self.kind == hook::SlotKind::Count && count::capacity() > 0 { count::capacity() } else { u32::MAX };
+            match hook::plan_module(obj, &mut self.table, &self.prehooked, self.kind, max_id) {
                 Ok(r) => {
                     hooked += r.hooked;
                     skipped += r.skipped;
@@ -101,6 +111,14 @@ impl Tracer {
         }
         if !pending.is_empty() {
             self.write_table()?;
+            if self.kind == hook::SlotKind::Count {
+                if count::capacity() == 0 {
+                    // Room for libraries loaded later, when there may be some.
+                    let headroom = if self.libs.is_empty() { 0 } else { 16384 };
+                    count::create(&self.dir, self.sid, self.table.ids() + headroom)?;
+                }
+                count::set_nfuncs(self.table.ids());
+            }
             for p in pending {
                 hook::write_patches(&p)?;
             }
@@ -128,11 +146,15 @@ fn setup(shm: &str) -> Result<(), String> {
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .collect();
+    let counting = std::env::var(fnscope_abi::ENV_MODE).is_ok_and(|m| m == "count");
+    COUNT_MODE.store(counting, Ordering::Relaxed);
     thread::install_process_hooks();
     let objs = hook::loaded_objects();
-    // The unwinder's entry points get pre-hooks first; tracing must leave them alone.
-    let (unwinder, prehooked) = unwind::install(&objs);
-    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashSet::new() };
+    // The unwinder's entry points get pre-hooks first; tracing must leave them alone. Count
+    // mode leaves return addresses alone, so the unwinder needs no help.
+    let (unwinder, prehooked) = if counting { (0, Vec::new()) } else { unwind::install(&objs) };
+    let kind = if counting { hook::SlotKind::Count } else { hook::SlotKind::Trace };
+    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashSet::new(), kind };
     let (hooked, skipped) = t.hook_new_objects(&objs)?;
     t.write_table()?;
     if verbose() {
@@ -172,8 +194,10 @@ pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_in
                     // A forked child: the parent's table (same session id) must not change
                     // under it, so the child continues under an id of its own.
                     t.pid = sys::getpid();
-                    t.sid = region::renew_sid();
-                    thread::restart_stream();
+                    if !count_mode() {
+                        t.sid = region::renew_sid();
+                        thread::restart_stream();
+                    }
                 }
                 if let Err(e) = t.hook_new_objects(&objs) {
                     warn(&format!("after dlopen: {e}"));

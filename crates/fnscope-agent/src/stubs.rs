@@ -254,6 +254,27 @@ fnscope_prehook:
     jmp qword ptr [rsp - 16]
     .size fnscope_prehook, . - fnscope_prehook
 
+    /* Count mode, first call of a thread: r11 is where the slot resumes (its program r11 is
+       still at [rsp-8]); set up the thread's counters, then go back. */
+    .globl fnscope_count_init
+    .hidden fnscope_count_init
+    .type fnscope_count_init,@function
+    .p2align 4
+fnscope_count_init:
+    SAVE_ALL
+    call fnscope_count_thread_init
+    RESTORE_ALL
+    jmp r11
+    .size fnscope_count_init, . - fnscope_count_init
+
+    .globl fnscope_tls_offset
+    .hidden fnscope_tls_offset
+    .type fnscope_tls_offset,@function
+fnscope_tls_offset:
+    mov rax, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    ret
+    .size fnscope_tls_offset, . - fnscope_tls_offset
+
     .globl fnscope_tls_get
     .hidden fnscope_tls_get
     .type fnscope_tls_get,@function
@@ -291,6 +312,10 @@ extern "C" {
     pub fn fnscope_exit();
     /// Common stub of pre-hooks (see [`crate::unwind`]).
     pub fn fnscope_prehook();
+    /// Count mode: sets up a thread's counters, then resumes the slot at `r11`.
+    pub fn fnscope_count_init();
+    /// Offset of the agent's TLS word from the thread pointer (`fs` base).
+    pub fn fnscope_tls_offset() -> u64;
     /// Reads this thread's state pointer.
     pub fn fnscope_tls_get() -> *mut crate::thread::ThreadState;
     /// Sets this thread's state pointer.

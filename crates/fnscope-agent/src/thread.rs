@@ -122,6 +122,13 @@ pub fn install_process_hooks() {
     }
 }
 
+/// Asks for `thread_exit` to run when the calling thread ends (count mode, which keeps no
+/// state pointer of its own there).
+pub fn register_exit() {
+    // SAFETY: KEY was created at start-up; any non-null value makes the destructor run.
+    unsafe { libc::pthread_setspecific(KEY, 1 as *const libc::c_void) };
+}
+
 /// First hooked call of a thread: sets up its state. Called by the entry stub.
 #[no_mangle]
 extern "C" fn fnscope_thread_init() {
@@ -152,6 +159,10 @@ extern "C" fn fnscope_thread_init() {
 
 /// pthread key destructor: the thread is ending; hand its chunk to the recorder.
 extern "C" fn thread_exit(p: *mut libc::c_void) {
+    if crate::count_mode() {
+        crate::count::thread_exit();
+        return;
+    }
     let st = p as *mut ThreadState;
     // SAFETY: `p` is the state this thread registered in `fnscope_thread_init`. Entries still
     // on its shadow stack are calls that `pthread_exit` (a forced unwind) or a cancellation
@@ -196,6 +207,10 @@ unsafe fn filled(st: *mut ThreadState, c: *mut ChunkHeader) -> u32 {
 /// After `fork`, in the child: the chunk being filled belongs to the parent's thread. Start a
 /// stream of the child's own; the shadow stack (private memory) was copied and stays valid.
 extern "C" fn after_fork_child() {
+    if crate::count_mode() {
+        crate::count::after_fork_child();
+        return;
+    }
     let Some(st) = current() else { return };
     // SAFETY: `st` is this thread's state; the child has only this thread.
     unsafe {

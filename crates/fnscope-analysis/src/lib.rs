@@ -18,7 +18,7 @@ pub use report::{
     render_report_text, report, report_json, sort, FuncStats, Report, SortKey, ThreadStats,
 };
 
-use fnscope_format::{Chunk, EndInfo, FormatError, ImageTable, Meta, ThreadSegment, TraceReader};
+use fnscope_format::{Chunk, CountsSegment, EndInfo, FormatError, ImageTable, Meta, ThreadSegment, TraceReader};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
@@ -53,6 +53,8 @@ pub struct Trace {
     pub bytes: u64,
     /// Problems the user should know about, in plain words.
     pub warnings: Vec<String>,
+    /// Call counts (count mode), in file order.
+    pub counts: Vec<CountsSegment>,
 }
 
 impl Trace {
@@ -129,6 +131,7 @@ fn pass(
                 f(&t, &seg);
             }
             Ok(Some(Chunk::End(e))) => t.end = Some(e),
+            Ok(Some(Chunk::Counts(c))) => t.counts.push(c),
             Err(e @ (FormatError::Corrupt { .. } | FormatError::BadImageTable { .. })) => {
                 t.truncated = true;
                 t.warnings.push(format!("stopped reading: {e}"));

@@ -30,6 +30,10 @@ enum Command {
         /// Say what the agent does in each process.
         #[arg(short, long)]
         verbose: bool,
+        /// `time`: entry and exit time of every call; `count`: only how many times each
+        /// function ran, at the lowest cost.
+        #[arg(long, value_enum, default_value_t = Mode::Time)]
+        mode: Mode,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
         command: Vec<String>,
@@ -72,6 +76,12 @@ enum Command {
     },
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Time,
+    Count,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ReplayFormat {
     Tree,
@@ -112,9 +122,10 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, command })?;
+            let count = mode == Mode::Count;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, command })?;
             Ok(out.exit_code)
         }
         Command::Replay { input, format, tid } => {

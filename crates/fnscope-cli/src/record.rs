@@ -23,6 +23,8 @@ pub struct RecordOptions {
     pub chunks: u32,
     /// Print what the agent does.
     pub verbose: bool,
+    /// Count calls only (no timestamps).
+    pub count: bool,
     /// Program and arguments.
     pub command: Vec<String>,
 }
@@ -326,7 +328,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         tsc_at_start: tsc0,
         host: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         fnscope_version: env!("CARGO_PKG_VERSION").to_string(),
-        mode: "time".to_string(),
+        mode: if opts.count { "count" } else { "time" }.to_string(),
     })?;
     writer.flush()?;
     let mut preload = agent.display().to_string();
@@ -345,6 +347,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .env(fnscope_abi::ENV_LIBS, opts.libs.join(","));
     if opts.verbose {
         cmd.env(fnscope_abi::ENV_VERBOSE, "1");
+    }
+    if opts.count {
+        cmd.env(fnscope_abi::ENV_MODE, "count");
     }
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();
@@ -397,6 +402,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     rec.drain()?;
     rec.harvest(true)?;
     rec.copy_images()?;
+    let counted = copy_counts(&dir, &mut rec.writer, &mut rec.pids)?;
     let (tsc1, mono1, real1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
     let ticks_per_ns = if mono1 > mono0 { (tsc1 - tsc0) as f64 / (mono1 - mono0) as f64 } else { 1.0 };
     let (exit_status, killed_by_signal) = status.unwrap_or((None, None));
@@ -412,28 +418,98 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     })?;
     rec.writer.flush()?;
     let (hooked, skipped) = count_hooks(&rec.images_written, &rec);
-    // The tables are in the trace file now; the folder was the agents' mailbox.
+    // Tables and counters are in the trace file now; these folders were the agents' mailbox.
     let _ = std::fs::remove_dir_all(dir.join("images"));
+    let _ = std::fs::remove_dir_all(dir.join("counts"));
     let bytes = rec.writer.bytes_written();
     let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
     let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
-    eprintln!(
-        "fnscope: {} functions hooked, {} skipped; {} calls recorded in {} process(es){}; trace {} in {}{}",
-        hooked,
-        skipped,
-        rec.calls,
-        rec.pids.len().max(1),
-        lost_note,
-        human_bytes(bytes),
-        opts.output.display(),
-        per_call
-    );
+    if opts.count {
+        eprintln!(
+            "fnscope: {} functions hooked, {} skipped; {} calls counted in {} process(es); trace {} in {}",
+            hooked,
+            skipped,
+            counted,
+            rec.pids.len().max(1),
+            human_bytes(bytes),
+            opts.output.display(),
+        );
+    } else {
+        eprintln!(
+            "fnscope: {} functions hooked, {} skipped; {} calls recorded in {} process(es){}; trace {} in {}{}",
+            hooked,
+            skipped,
+            rec.calls,
+            rec.pids.len().max(1),
+            lost_note,
+            human_bytes(bytes),
+            opts.output.display(),
+            per_call
+        );
+    }
     let exit_code = match (exit_status, killed_by_signal) {
         (Some(c), _) => c,
         (None, Some(s)) => 128 + s,
         (None, None) => 1,
     };
     Ok(RecordOutcome { exit_code })
+}
+
+/// Count mode: turns every block of every `counts/<sid>.bin` into a COUNTS chunk. Returns
+/// the number of calls counted.
+fn copy_counts(dir: &Path, writer: &mut TraceWriter, pids: &mut BTreeSet<u32>) -> Result<u64> {
+    use fnscope_abi::counts::{block_offset, BlockHeader, CountsHeader, BLOCK_FREE, BLOCK_HEADER_SIZE, HEADER_SIZE, MAGIC};
+    let Ok(rd) = std::fs::read_dir(dir.join("counts")) else { return Ok(0) };
+    let mut files: Vec<(u32, PathBuf)> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((e.file_name().to_string_lossy().strip_suffix(".bin")?.parse().ok()?, e.path())))
+        .collect();
+    files.sort();
+    let mut total = 0u64;
+    for (sid, path) in files {
+        let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: a read-only map of a file no process writes any more (all have exited).
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        if map.len() < HEADER_SIZE {
+            continue;
+        }
+        // SAFETY: the map holds at least the header page; fields are read by value.
+        let (magic, capacity, nblocks, block_size, nfuncs, lost) = unsafe {
+            let h = &*(map.as_ptr() as *const CountsHeader);
+            (h.magic, h.capacity, h.nblocks, h.block_size, h.nfuncs, h.threads_lost)
+        };
+        if magic != MAGIC || nfuncs > capacity || block_offset(block_size, nblocks) > map.len() {
+            eprintln!("fnscope: warning: {} is not a complete counts file; its counts are left out", path.display());
+            continue;
+        }
+        if lost > 0 {
+            eprintln!("fnscope: warning: {lost} threads of image {sid} found no free counter block; their calls are not counted");
+        }
+        for i in 0..nblocks {
+            let off = block_offset(block_size, i);
+            // SAFETY: the block lies inside the map (checked against nblocks above).
+            let (state, pid, tid) = unsafe {
+                let b = &*(map.as_ptr().add(off) as *const BlockHeader);
+                (b.state, b.pid, b.tid)
+            };
+            if state == BLOCK_FREE && i != 0 {
+                continue;
+            }
+            let start = off + BLOCK_HEADER_SIZE;
+            let counts: Vec<u64> = map[start..start + nfuncs as usize * 8]
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect();
+            let sum: u64 = counts.iter().sum();
+            if sum == 0 {
+                continue;
+            }
+            total += sum;
+            pids.insert(pid);
+            writer.write_counts(&fnscope_format::CountsSegment { sid, pid, tid, counts })?;
+        }
+    }
+    Ok(total)
 }
 
 fn count_hooks(sids: &HashSet<u32>, rec: &Recorder) -> (usize, usize) {

@@ -53,7 +53,13 @@ fn same_under_record(inv: &Invocation, trace: &Path) -> Run {
     let native = inv.run_native();
     let traced = inv.run_recorded(trace);
     let mut problems = compare_runs(&native, &traced);
-    let module = inv.program.file_name().unwrap().to_str().unwrap().to_string();
+    let module = inv
+        .program
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     let mut calls = 0;
     match report(trace) {
         Ok(stats) => {
@@ -77,15 +83,21 @@ fn same_under_record(inv: &Invocation, trace: &Path) -> Run {
         problems.join("\n  - "),
         traced.describe()
     );
-    eprintln!("=== {} {:?}: {calls} calls of {module}\n{info_text}", inv.program.display(), inv.args);
+    eprintln!(
+        "\n=== {} {:?}: {calls} calls of {module}\n{info_text}",
+        inv.program.display(),
+        inv.args
+    );
     native
 }
 
 #[test]
 fn python3_script() {
     // Debian's interpreter explicitly: the python3 on PATH may be another build (pyenv).
-    let Some(python) = require(Some(PathBuf::from("/usr/bin/python3.11")), "/usr/bin/python3.11")
-    else {
+    let Some(python) = require(
+        Some(PathBuf::from("/usr/bin/python3.11")),
+        "/usr/bin/python3.11",
+    ) else {
         return;
     };
     let dir = TempDir::new("python");
@@ -99,7 +111,9 @@ fn python3_script() {
 
 #[test]
 fn git_version_init_commit_log() {
-    let Some(git) = require(find_in_path("git"), "git") else { return };
+    let Some(git) = require(find_in_path("git"), "git") else {
+        return;
+    };
     let dir = TempDir::new("git");
     // The same sequence natively (in native/) and under record (in traced/): with fixed
     // names and dates the commit ids, and so all outputs, are the same.
@@ -112,7 +126,13 @@ fn git_version_init_commit_log() {
         &["init", "-q", "repo"],
         &["-C", "repo", "add", "hello.txt"],
         &["-C", "repo", "commit", "-q", "-m", "first commit"],
-        &["-C", "repo", "log", "--format=%H %an <%ae> %ad %s", "--date=iso-strict"],
+        &[
+            "-C",
+            "repo",
+            "log",
+            "--format=%H %an <%ae> %ad %s",
+            "--date=iso-strict",
+        ],
         &["-C", "repo", "status", "--short", "--branch"],
     ];
     for (i, args) in steps.iter().enumerate() {
@@ -124,7 +144,12 @@ fn git_version_init_commit_log() {
             quiet_env(Invocation::new(&git, dir.join("traced")), dir.path()).args(args);
         let trace = dir.join(format!("trace-{i}"));
         let native = native_inv.run_native();
-        assert_eq!(native.code, 0, "git {args:?} natively\n{}", native.describe());
+        assert_eq!(
+            native.code,
+            0,
+            "git {args:?} natively\n{}",
+            native.describe()
+        );
         let traced = traced_inv.run_recorded(&trace);
         let mut problems = compare_runs(&native, &traced);
         match report(&trace) {
@@ -143,13 +168,15 @@ fn git_version_init_commit_log() {
             problems.join("\n  - "),
             traced.describe()
         );
-        eprintln!("=== git {args:?}\n{info_text}");
+        eprintln!("\n=== git {args:?}\n{info_text}");
     }
 }
 
 #[test]
 fn sqlite3_memory_and_file() {
-    let Some(sqlite) = require(find_in_path("sqlite3"), "sqlite3") else { return };
+    let Some(sqlite) = require(find_in_path("sqlite3"), "sqlite3") else {
+        return;
+    };
     let dir = TempDir::new("sqlite");
     let inv = quiet_env(Invocation::new(&sqlite, dir.path()), dir.path())
         .args(&[":memory:", "select 1+1;"]);
@@ -166,13 +193,18 @@ fn sqlite3_memory_and_file() {
     for (side, record) in [("native", false), ("traced", true)] {
         let sub = dir.join(side);
         fs::create_dir_all(&sub).unwrap();
-        let inv = quiet_env(Invocation::new(&sqlite, &sub), dir.path()).args(&["db.sqlite", script]);
+        let inv =
+            quiet_env(Invocation::new(&sqlite, &sub), dir.path()).args(&["db.sqlite", script]);
         let run = if record {
             let trace = dir.join("trace-file");
             let r = inv.run_recorded(&trace);
             let stats = report(&trace).unwrap_or_else(|e| panic!("{e}"));
             assert!(
-                calls_per_module(&stats).get("sqlite3").copied().unwrap_or(0) > 0,
+                calls_per_module(&stats)
+                    .get("sqlite3")
+                    .copied()
+                    .unwrap_or(0)
+                    > 0,
                 "no calls of sqlite3 recorded\n{}",
                 info(&trace)
             );
@@ -183,6 +215,11 @@ fn sqlite3_memory_and_file() {
         outputs.push(run);
     }
     let problems = compare_runs(&outputs[0], &outputs[1]);
-    assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), outputs[1].describe());
+    assert!(
+        problems.is_empty(),
+        "{}\n{}",
+        problems.join("\n"),
+        outputs[1].describe()
+    );
     assert_eq!(outputs[0].stdout, "3|6\n3|CCC\n2|BB\n1|A\n");
 }

@@ -39,11 +39,15 @@ pub const KIND_IMAGE: u32 = 2;
 pub const KIND_EVENTS: u32 = 3;
 /// Chunk kind: [`EndInfo`] as JSON.
 pub const KIND_END: u32 = 4;
+/// Chunk kind: call counts of one thread (count mode).
+pub const KIND_COUNTS: u32 = 5;
 
 /// Largest payload a reader accepts; bigger lengths can only come from damage.
 const MAX_PAYLOAD: u32 = 1 << 30;
 /// Size of the fixed part of an EVENTS payload.
 const EVENTS_HEADER_SIZE: usize = 36;
+/// Bytes before the zstd frame in a COUNTS payload: sid, pid, tid, count of counters.
+const COUNTS_HEADER_SIZE: usize = 16;
 
 /// What was traced and how; the first chunk of a trace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -120,7 +124,27 @@ pub enum Chunk {
     Events(ThreadSegment),
     /// How the run ended.
     End(EndInfo),
+    /// Call counts (count mode).
+    Counts(CountsSegment),
 }
+
+/// Call counts of one thread of one process image (count mode): `counts[id]` is how many
+/// times function `id` of image `sid` was entered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CountsSegment {
+    /// Image session id.
+    pub sid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id; 0 for the threads of the process that had ended, added together.
+    pub tid: u32,
+    /// One count per function id.
+    pub counts: Vec<u64>,
+}
+
+/// Most function ids a COUNTS chunk may hold; bounds what a damaged header can make a reader
+/// allocate.
+const MAX_COUNTS: u32 = 1 << 26;
 
 /// Errors of reading and writing trace files.
 #[derive(Debug, thiserror::Error)]
@@ -313,6 +337,32 @@ impl TraceWriter {
             .compress_to_buffer(&self.columns, &mut cur)
             .map_err(io_err("compress records for", &self.path))?;
         self.chunk(KIND_EVENTS)
+    }
+
+    /// Writes a COUNTS chunk.
+    pub fn write_counts(&mut self, c: &CountsSegment) -> Result<(), FormatError> {
+        let n = u32::try_from(c.counts.len()).ok().filter(|&n| n <= MAX_COUNTS).ok_or_else(|| FormatError::Io {
+            action: "write",
+            path: self.path.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "too many counters in one chunk"),
+        })?;
+        self.columns.clear();
+        for v in &c.counts {
+            self.columns.extend_from_slice(&v.to_le_bytes());
+        }
+        let p = &mut self.payload;
+        p.clear();
+        p.extend_from_slice(&c.sid.to_le_bytes());
+        p.extend_from_slice(&c.pid.to_le_bytes());
+        p.extend_from_slice(&c.tid.to_le_bytes());
+        p.extend_from_slice(&n.to_le_bytes());
+        p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
+        let mut cur = io::Cursor::new(&mut self.payload);
+        cur.set_position(COUNTS_HEADER_SIZE as u64);
+        self.zstd
+            .compress_to_buffer(&self.columns, &mut cur)
+            .map_err(io_err("compress counts for", &self.path))?;
+        self.chunk(KIND_COUNTS)
     }
 
     /// Writes the END chunk; a trace without it is reported as truncated.
@@ -556,9 +606,29 @@ impl TraceReader {
                 }
             }
             KIND_EVENTS => Chunk::Events(self.decode_events(at)?),
+            KIND_COUNTS => Chunk::Counts(self.decode_counts(at)?),
             _ => return Ok(None),
         };
         Ok(Some(chunk))
+    }
+
+    fn decode_counts(&mut self, at: u64) -> Result<CountsSegment, FormatError> {
+        let p = &self.payload;
+        if p.len() < COUNTS_HEADER_SIZE {
+            return Err(self.corrupt(at, "COUNTS chunk shorter than its header"));
+        }
+        let (sid, pid, tid, n) = (le32(p, 0), le32(p, 4), le32(p, 8), le32(p, 12));
+        if n > MAX_COUNTS {
+            return Err(self.corrupt(at, format!("{n} counters in one chunk is impossibly many")));
+        }
+        let frame = &p[COUNTS_HEADER_SIZE..];
+        self.columns.clear();
+        self.columns.reserve(n as usize * 8);
+        if self.unzstd.decompress_to_buffer(frame, &mut self.columns).is_err() || self.columns.len() != n as usize * 8 {
+            return Err(self.corrupt(at, "counts do not decompress"));
+        }
+        let counts = self.columns.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        Ok(CountsSegment { sid, pid, tid, counts })
     }
 
     fn decode_events(&mut self, at: u64) -> Result<ThreadSegment, FormatError> {

@@ -209,7 +209,7 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
                     let tag = d.d_tag(endian);
                     if tag == elf::DT_NEEDED {
                         has_needed = true;
-                    } else if tag == elf::DT_FLAGS_1 && d.d_val(endian) & u64::from(elf::DF_1_PIE.0) != 0 {
+                    } else if tag == elf::DT_FLAGS_1 && d.d_val(endian) & elf::DF_1_PIE.0 != 0 {
                         pie_flag = true;
                     }
                 }

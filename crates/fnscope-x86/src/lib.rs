@@ -149,17 +149,12 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
             );
         }
         match instr.flow_control() {
-            FlowControl::Call | FlowControl::IndirectCall if is_call(&instr) => {
-                // relocate() turns a call that ends the patch into push + jmp, so that it
-                // returns to the original code; any other call would return into the
-                // trampoline.
-                if covered < JMP_LEN || !call_is_movable(&instr) {
-                    return skip(skip_reason::CALL_IN_PATCH, format!("{} at +{offset}", mnemonic(&instr)));
-                }
-            }
-            FlowControl::Interrupt if instr.mnemonic() != Mnemonic::Int3 => {
-                // `int n` / `into` push a return address to the next instruction.
-                return skip(skip_reason::UNRELOCATABLE, format!("{} at +{offset}", mnemonic(&instr)));
+            // relocate() turns a call that ends the patch into push + jmp, so that it returns
+            // to the original code; any other call would return into the trampoline.
+            FlowControl::Call | FlowControl::IndirectCall
+                if is_call(&instr) && (covered < JMP_LEN || !call_is_movable(&instr)) =>
+            {
+                return skip(skip_reason::CALL_IN_PATCH, format!("{} at +{offset}", mnemonic(&instr)));
             }
             _ => {}
         }

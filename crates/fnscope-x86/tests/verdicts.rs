@@ -212,11 +212,12 @@ fn relocated_prologues_run() {
     let data = std::fs::read(&exe).unwrap();
     let inv = fnscope_symbols::load_bytes(&exe, &data).unwrap();
     let verdicts = analyze(&inv, &data);
-    let cases: [(&str, unsafe extern "C" fn(u64) -> u64, &[(u64, u64)]); 4] = [
+    type Case<'a> = (&'a str, unsafe extern "C" fn(u64) -> u64, &'a [(u64, u64)]);
+    let cases: [Case<'_>; 4] = [
         ("fnscope_t_rip", fnscope_t_rip, &[(2, 42)]),
         ("fnscope_t_jcc", fnscope_t_jcc, &[(0, 2), (5, 1)]),
         ("fnscope_t_call", fnscope_t_call, &[(9, 10)]),
-        ("fnscope_t_self", fnscope_t_self, &[(fnscope_t_self as usize as u64, 1), (0, 0)]),
+        ("fnscope_t_self", fnscope_t_self, &[(fnscope_t_self as unsafe extern "C" fn(u64) -> u64 as usize as u64, 1), (0, 0)]),
     ];
     for (name, f, io) in cases {
         let (link_addr, v) = verdict_of(&inv, &verdicts, name);
@@ -290,4 +291,31 @@ fn jmp_rel32_range() {
     assert_eq!(fnscope_x86::jmp_rel32(0x7fff_fffb, 0), Some([0xe9, 0, 0, 0, 0x80]));
     assert_eq!(fnscope_x86::jmp_rel32(0x7fff_fffc, 0), None);
     assert_eq!(fnscope_x86::jmp_rel32(u64::MAX - 4, 0x10), Some([0xe9, 0x10, 0, 0, 0]));
+}
+
+/// Every function found hookable in system binaries relocates 1.5 GiB away, within the
+/// announced size bound, into code that decodes to the same kinds of instructions.
+#[test]
+fn system_functions_relocate() {
+    for p in ["/usr/bin/python3.11", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git"] {
+        let path = Path::new(p);
+        if !path.exists() {
+            continue;
+        }
+        let data = std::fs::read(path).unwrap();
+        let inv = fnscope_symbols::load_bytes(path, &data).unwrap();
+        let verdicts = analyze(&inv, &data);
+        let mut n = 0;
+        for (f, v) in inv.functions.iter().zip(&verdicts) {
+            let Some(len) = v.patch_len() else { continue };
+            let bytes = &inv.code_bytes(&data, f.address).unwrap()[..len];
+            for new_addr in [f.address + (3 << 29), f.address.wrapping_sub(3 << 29)] {
+                let out = relocate(bytes, f.address, new_addr)
+                    .unwrap_or_else(|e| panic!("{p}: {} at {:#x}: {e}", f.display_name(), f.address));
+                assert!(out.len() <= max_relocated_len(len), "{p}: {}", f.display_name());
+            }
+            n += 1;
+        }
+        assert!(n > 1000, "{p}: only {n} hookable");
+    }
 }

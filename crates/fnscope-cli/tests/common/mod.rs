@@ -84,7 +84,9 @@ impl Run {
         format!(
             "exit code {}{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
             self.code,
-            self.signal.map(|s| format!(" (signal {s})")).unwrap_or_default(),
+            self.signal
+                .map(|s| format!(" (signal {s})"))
+                .unwrap_or_default(),
             clip(&self.stdout),
             clip(&self.stderr)
         )
@@ -105,7 +107,12 @@ pub fn clip(s: &str) -> String {
     while !s.is_char_boundary(tail) {
         tail += 1;
     }
-    format!("{}\n[... {} bytes ...]\n{}", &s[..head], tail - head, &s[tail..])
+    format!(
+        "{}\n[... {} bytes ...]\n{}",
+        &s[..head],
+        tail - head,
+        &s[tail..]
+    )
 }
 
 /// Runs `cmd` to completion with `stdin` as its input, collecting its output. The process
@@ -113,9 +120,13 @@ pub fn clip(s: &str) -> String {
 /// started; the test then fails with whatever it had printed.
 pub fn run(cmd: &mut Command, stdin: &[u8], timeout: Duration) -> Run {
     let desc = format!("{cmd:?}");
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     cmd.process_group(0);
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
     let pid = child.id() as i32;
 
     let mut input = child.stdin.take().expect("piped stdin");
@@ -149,7 +160,8 @@ pub fn run(cmd: &mut Command, stdin: &[u8], timeout: Duration) -> Run {
                 let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned();
                 let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
                 panic!(
-                    "{desc} did not finish within {timeout:?}; killed.\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                    "{desc} did not finish within {timeout:?}; killed.\n\
+                     --- stdout ---\n{}\n--- stderr ---\n{}",
                     clip(&stdout),
                     clip(&stderr)
                 );
@@ -166,7 +178,9 @@ pub fn run(cmd: &mut Command, stdin: &[u8], timeout: Duration) -> Run {
     let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned();
     let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
     Run {
-        code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+        code: status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
         signal: status.signal(),
         stdout,
         stderr,
@@ -185,7 +199,11 @@ pub struct Invocation {
 
 impl Invocation {
     pub fn new(program: impl Into<PathBuf>, cwd: impl Into<PathBuf>) -> Invocation {
-        Invocation { program: program.into(), cwd: cwd.into(), ..Default::default() }
+        Invocation {
+            program: program.into(),
+            cwd: cwd.into(),
+            ..Default::default()
+        }
     }
 
     pub fn args<S: AsRef<str>>(mut self, args: &[S]) -> Invocation {
@@ -217,7 +235,11 @@ impl Invocation {
     /// with the same environment and input.
     pub fn run_recorded(&self, trace: &Path) -> Run {
         let mut cmd = Command::new(fnscope());
-        cmd.arg("record").arg("-o").arg(trace).arg("--").arg(&self.program);
+        cmd.arg("record")
+            .arg("-o")
+            .arg(trace)
+            .arg("--")
+            .arg(&self.program);
         cmd.args(&self.args).current_dir(&self.cwd);
         for (k, v) in &self.env {
             cmd.env(k, v);
@@ -237,12 +259,18 @@ pub fn fnscope_cmd(args: &[&str]) -> Run {
 /// warnings), all starting with `fnscope:`. Everything else is the program's and must be
 /// unchanged.
 pub fn program_stderr(stderr: &str) -> String {
-    stderr.split_inclusive('\n').filter(|l| !l.starts_with("fnscope:")).collect()
+    stderr
+        .split_inclusive('\n')
+        .filter(|l| !l.starts_with("fnscope:"))
+        .collect()
 }
 
 /// fnscope's own stderr lines.
 pub fn fnscope_lines(stderr: &str) -> Vec<&str> {
-    stderr.lines().filter(|l| l.starts_with("fnscope:")).collect()
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("fnscope:"))
+        .collect()
 }
 
 /// Compares the native run and the recorded one: the same exit code, the same stdout, the
@@ -260,7 +288,9 @@ pub fn compare_runs(native: &Run, traced: &Run) -> Vec<String> {
     }
     let traced_err = program_stderr(&traced.stderr);
     if let Some(d) = first_difference(&native.stderr, &traced_err) {
-        problems.push(format!("stderr (without fnscope: lines) differs under record: {d}"));
+        problems.push(format!(
+            "stderr (without fnscope: lines) differs under record: {d}"
+        ));
     }
     problems
 }
@@ -371,8 +401,10 @@ pub fn report_invariants(stats: &[FnStat]) -> Vec<String> {
 /// Calls of `name` in `module`, summed over the report's entries (one function may appear
 /// once per process or image: fork and exec).
 pub fn calls_of(stats: &[FnStat], module: &str, name: &str) -> (u64, usize) {
-    let hits: Vec<&FnStat> =
-        stats.iter().filter(|f| f.module == module && f.name == name).collect();
+    let hits: Vec<&FnStat> = stats
+        .iter()
+        .filter(|f| f.module == module && f.name == name)
+        .collect();
     (hits.iter().map(|f| f.calls).sum(), hits.len())
 }
 
@@ -406,12 +438,16 @@ pub fn in_ci() -> bool {
 /// An executable found on PATH, like `command -v`.
 pub fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| is_executable(p))
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
 }
 
 pub fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 /// Copies a directory tree (a trace directory, before damaging a copy of it).
@@ -432,7 +468,11 @@ pub fn copy_dir(from: &Path, to: &Path) {
 /// command failed (non-zero exit), did not panic (Rust exits with 101 on a panic), and said
 /// what went wrong on exactly one line.
 pub fn assert_one_line_error(r: &Run, what: &str) -> String {
-    assert!(r.code != 0, "{what}: fnscope succeeded but should have failed\n{}", r.describe());
+    assert!(
+        r.code != 0,
+        "{what}: fnscope succeeded but should have failed\n{}",
+        r.describe()
+    );
     assert!(
         r.code != 101 && !r.stderr.contains("panicked"),
         "{what}: fnscope panicked\n{}",
