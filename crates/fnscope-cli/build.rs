@@ -1,6 +1,6 @@
 //! Builds the agent library (a `cdylib` of the same workspace) and leaves it in OUT_DIR, so
 //! that the `fnscope` binary carries its agent inside and `cargo install` gives a complete
-//! tool. A separate target directory keeps the nested cargo off the outer build's lock.
+//! tool. A target directory of its own keeps the nested cargo off the outer build's lock.
 
 use std::env;
 use std::path::PathBuf;
@@ -10,7 +10,9 @@ fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let crates = manifest_dir.parent().expect("crates/ folder").to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let target_dir = out.join("agent-target");
+    // <target>/<profile>/build/fnscope-cli-<hash>/out: the agent gets <target>/agent, shared
+    // by the debug and release builds of the CLI (the agent is always built optimised).
+    let target_dir = out.ancestors().nth(4).map(|t| t.join("agent")).unwrap_or_else(|| out.join("agent-target"));
     for dep in ["fnscope-agent", "fnscope-abi", "fnscope-symbols", "fnscope-x86"] {
         println!("cargo:rerun-if-changed={}", crates.join(dep).join("src").display());
         println!("cargo:rerun-if-changed={}", crates.join(dep).join("Cargo.toml").display());

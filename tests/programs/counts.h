@@ -15,6 +15,12 @@
  *
  * Counters are bumped with atomic read-modify-write so that threads and signal handlers
  * cannot lose increments, and so that the compiler can neither drop nor merge them.
+ *
+ * A count is only right if every execution of the body is one entry into the function.
+ * GCC breaks that by inlining, cloning, or turning self-recursion whose result is combined
+ * linearly (`return f(n - 1) * 2 + k`) into a loop: hence NOINLINE, and XOR in the recursive
+ * functions. After changing a program, run check_oracles.sh: it compares every count with
+ * the entries gdb sees.
  */
 #ifndef FNSCOPE_TEST_COUNTS_H
 #define FNSCOPE_TEST_COUNTS_H

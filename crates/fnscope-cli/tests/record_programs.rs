@@ -6,11 +6,14 @@
 //! each program the test
 //!   1. builds it and runs it natively (it must behave as designed: exit code, counts),
 //!   2. checks with `nm -C` that each counted name is a real function of the binary and that
-//!      GCC did not clone it (calls to a `.constprop` copy would never reach the original),
+//!      GCC did not clone it (calls to a `.constprop` copy would never reach the original);
+//!      tests/programs/check_oracles.sh goes further and compares every count with the
+//!      entries gdb sees, which also catches inlining and recursion turned into a loop,
 //!   3. runs it under `fnscope record` and requires the same exit code, the same stdout and
 //!      the same stderr (minus fnscope's own `fnscope:` lines),
 //!   4. reads `fnscope report --json` and requires, for each counted function, the exact
 //!      number of calls the program counted (or what the line's kind allows).
+//!
 //! Then the bad-input cases: missing, non-ELF, foreign-architecture, static and stripped
 //! programs, and missing, truncated, newer and corrupt traces.
 
@@ -210,15 +213,14 @@ impl<'a> Case<'a> {
     }
 }
 
-/// Everything a finished case leaves for further checks. `dir` keeps the files alive.
-#[allow(dead_code)]
+/// What a finished case leaves for further checks.
 struct Outcome {
+    /// Never read: it keeps the directory (program, trace) until the test ends.
+    #[allow(dead_code)]
     dir: TempDir,
-    exe: PathBuf,
     trace: PathBuf,
     native: Run,
     counts: BTreeMap<String, (Kind, u64)>,
-    stats: Vec<FnStat>,
 }
 
 /// Builds, runs natively, runs under record, and checks outputs and counts (see the top of
@@ -253,12 +255,10 @@ fn check_case(case: &Case) -> Outcome {
     let trace = dir.join("trace");
     let traced = inv.run_recorded(&trace);
     let mut problems = compare_runs(&native, &traced);
-    let mut stats = Vec::new();
     match report(&trace) {
-        Ok(s) => {
-            problems.extend(check_counts(&s, case.name, &counts));
-            problems.extend(report_invariants(&s));
-            stats = s;
+        Ok(stats) => {
+            problems.extend(check_counts(&stats, case.name, &counts));
+            problems.extend(report_invariants(&stats));
         }
         Err(e) => problems.push(e),
     }
@@ -274,11 +274,9 @@ fn check_case(case: &Case) -> Outcome {
     }
     Outcome {
         dir,
-        exe,
         trace,
         native,
         counts,
-        stats,
     }
 }
 

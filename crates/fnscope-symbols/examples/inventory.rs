@@ -3,6 +3,7 @@
 //! `cargo run --release -p fnscope-symbols --example inventory -- /usr/bin/python3.11 [-v]`
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -46,8 +47,21 @@ fn main() {
         println!("  by source {by_source:?}");
         println!("  not entries {why:?}");
         if verbose {
+            let mut out = std::io::stdout().lock();
             for f in &inv.functions {
-                println!("  {:#x} {:6} {:5} {:?} {}", f.address, f.size, f.entry, f.source, f.display_name());
+                // Stop quietly when the reader (e.g. `head`) has gone.
+                let line = writeln!(
+                    out,
+                    "  {:#x} {:6} {:5} {:?} {}",
+                    f.address,
+                    f.size,
+                    f.entry,
+                    f.source,
+                    f.display_name()
+                );
+                if line.is_err() {
+                    return;
+                }
             }
         }
     }

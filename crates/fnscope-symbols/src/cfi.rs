@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, EhFrame, EhFrameOffset,
-    EndianSlice, LittleEndian, RegisterRule, UnwindContext, UnwindSection, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, EhFrame, EhFrameOffset, EndianSlice,
+    LittleEndian, RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 
 type Reader<'a> = EndianSlice<'a, LittleEndian>;
@@ -163,7 +163,10 @@ fn row_verdict(
     cfa_message: &'static str,
 ) -> Result<(), &'static str> {
     match row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset: 8 } if *register == X86_64::RSP => {}
+        CfaRule::RegisterAndOffset {
+            register,
+            offset: 8,
+        } if *register == X86_64::RSP => {}
         _ => return Err(cfa_message),
     }
     match row.register(X86_64::RA) {

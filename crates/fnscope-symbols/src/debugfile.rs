@@ -8,12 +8,21 @@ const DEBUG_ROOT: &str = "/usr/lib/debug";
 /// Candidate paths for the debug file, most specific first: by build id, then by the
 /// `.gnu_debuglink` name next to the file, in its `.debug/` folder, and under
 /// `/usr/lib/debug/<folder>/`.
-pub(crate) fn candidates(path: &Path, build_id: Option<&[u8]>, debuglink: Option<&[u8]>) -> Vec<PathBuf> {
+pub(crate) fn candidates(
+    path: &Path,
+    build_id: Option<&[u8]>,
+    debuglink: Option<&[u8]>,
+) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Some(id) = build_id {
         if id.len() >= 2 {
             let hex = to_hex(id);
-            out.push(Path::new(DEBUG_ROOT).join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..])));
+            out.push(
+                Path::new(DEBUG_ROOT)
+                    .join(".build-id")
+                    .join(&hex[..2])
+                    .join(format!("{}.debug", &hex[2..])),
+            );
         }
     }
     if let Some(link) = debuglink {
@@ -45,7 +54,18 @@ pub(crate) fn to_hex(bytes: &[u8]) -> String {
     s
 }
 
-/// The CRC-32 that `.gnu_debuglink` records (the common IEEE polynomial, as zlib's crc32).
-pub(crate) fn crc32(data: &[u8]) -> u32 {
-    crc32fast::hash(data)
+/// The CRC-32 of a whole file, as `.gnu_debuglink` records it (the common IEEE polynomial,
+/// as zlib's crc32), read in pieces.
+pub(crate) fn crc32_of_file(path: &Path) -> std::io::Result<u32> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(hasher.finalize());
+        }
+        hasher.update(&buf[..n]);
+    }
 }

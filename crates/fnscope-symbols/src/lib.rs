@@ -2,7 +2,7 @@
 //! name, address, size, and whether it is a real function entry.
 //!
 //! Functions come from `.symtab` (or, for a stripped file, the `.symtab` of its separate
-//! debug file), `.dynsym`, and every FDE of `.eh_frame`, which also covers stripped static
+//! debug file or of its MiniDebugInfo), `.dynsym`, and every FDE of `.eh_frame`, which also covers stripped static
 //! functions. Call frame information decides whether a piece of code is entered by a call:
 //! only there does the top of the stack hold a return address that an exit hook may replace.
 //!
@@ -17,11 +17,14 @@
 mod cfi;
 mod debugfile;
 mod demangle;
+mod minidebuginfo;
 
 use std::path::{Path, PathBuf};
 
 use object::elf;
-use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader, SectionHeader, Sym, SymbolTable};
+use object::read::elf::{
+    Dyn, ElfFile64, FileHeader, ProgramHeader, SectionHeader, Sym, SymbolTable,
+};
 use object::{Endianness, Object};
 
 pub use demangle::{demangle, strip_version};
@@ -43,7 +46,8 @@ pub enum SymSource {
     Dynsym,
     /// An `.eh_frame` FDE without any symbol at its start.
     EhFrame,
-    /// The `.symtab` of a separate debug file.
+    /// The `.symtab` of a separate debug file, or of the MiniDebugInfo (`.gnu_debugdata`)
+    /// embedded in the file.
     DebugFile,
 }
 
@@ -109,7 +113,8 @@ pub struct Inventory {
     pub entry_point: u64,
     /// Whether the file has its own `.symtab`; false means it is stripped.
     pub has_symtab: bool,
-    /// The separate debug file whose symbols were used, if any.
+    /// The separate debug file whose symbols were used, if any (`None` also when the names
+    /// come from the embedded MiniDebugInfo).
     pub debug_file: Option<PathBuf>,
     /// Executable sections, sorted by address; each lies within the file and does not wrap
     /// around the address space.
@@ -179,7 +184,10 @@ pub enum SymbolError {
 
 /// Reads the file at `path` and builds its inventory.
 pub fn load(path: &Path) -> Result<Inventory, SymbolError> {
-    let data = std::fs::read(path).map_err(|source| SymbolError::Io { path: path.to_path_buf(), source })?;
+    let data = std::fs::read(path).map_err(|source| SymbolError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     load_bytes(path, &data)
 }
 
@@ -187,7 +195,10 @@ pub fn load(path: &Path) -> Result<Inventory, SymbolError> {
 /// and is where `.gnu_debuglink` is resolved from.
 pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
     check_header(path, data)?;
-    let parse_err = |e: object::read::Error| SymbolError::Parse { path: path.to_path_buf(), msg: e.to_string() };
+    let parse_err = |e: object::read::Error| SymbolError::Parse {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    };
     let file = ElfFile64::<Endianness>::parse(data).map_err(parse_err)?;
     let endian = file.endian();
     let header = file.elf_header();
@@ -224,18 +235,42 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
 
     let mut cands = Vec::new();
     collect_symbols(symtab, endian, SymSource::Symtab, &code, &mut cands);
-    collect_symbols(file.elf_dynamic_symbol_table(), endian, SymSource::Dynsym, &code, &mut cands);
+    collect_symbols(
+        file.elf_dynamic_symbol_table(),
+        endian,
+        SymSource::Dynsym,
+        &code,
+        &mut cands,
+    );
 
     let mut debug_file = None;
     if !has_symtab {
         let link = file.gnu_debuglink().ok().flatten();
-        if let Some((dpath, ddata)) = find_debug_file(path, build_id.as_deref(), link) {
-            if let Ok(dfile) = ElfFile64::<Endianness>::parse(ddata.as_slice()) {
-                let before = cands.len();
-                collect_symbols(dfile.elf_symbol_table(), dfile.endian(), SymSource::DebugFile, &code, &mut cands);
-                if cands.len() > before {
-                    debug_file = Some(dpath);
-                }
+        let before = cands.len();
+        if let Some(dpath) = read_debug_file(path, build_id.as_deref(), link, &code, &mut cands) {
+            if cands.len() > before {
+                debug_file = Some(dpath);
+            }
+        }
+    }
+
+    if !has_symtab && debug_file.is_none() {
+        // MiniDebugInfo: an xz-compressed ELF file in `.gnu_debugdata` whose `.symtab` names
+        // the local functions (Fedora and derivatives ship binaries so).
+        let sections = file.elf_section_table();
+        let mini = sections
+            .section_by_name(endian, b".gnu_debugdata")
+            .and_then(|(_, sh)| sh.data(endian, data).ok())
+            .and_then(minidebuginfo::decompress);
+        if let Some(elf) = mini {
+            if let Ok(mfile) = ElfFile64::<Endianness>::parse(elf.as_slice()) {
+                collect_symbols(
+                    mfile.elf_symbol_table(),
+                    mfile.endian(),
+                    SymSource::DebugFile,
+                    &code,
+                    &mut cands,
+                );
             }
         }
     }
@@ -243,10 +278,18 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
     let mut queries: Vec<u64> = cands.iter().map(|c| c.address).collect();
     queries.sort_unstable();
     queries.dedup();
-    let scan = match eh_frame_input(&file, data) {
+    let mut scan = match eh_frame_input(&file, data) {
         Some(input) => cfi::scan(&input, &queries),
-        None => cfi::CfiScan { pieces: Vec::new(), inner: Default::default() },
+        None => cfi::CfiScan {
+            pieces: Vec::new(),
+            inner: Default::default(),
+        },
     };
+    // PLT stubs have FDEs but are not functions of this file: calls through them belong to
+    // the library that defines the target.
+    let plt = plt_ranges(&file);
+    scan.pieces
+        .retain(|p| !plt.iter().any(|&(a, n)| p.start.wrapping_sub(a) < n));
 
     let functions = merge(cands, &scan, entry_point);
     Ok(Inventory {
@@ -270,9 +313,17 @@ fn check_header(path: &Path, data: &[u8]) -> Result<(), SymbolError> {
     }
     // e_machine is at offset 18 in both classes, in the file's byte order.
     let m = [data[18], data[19]];
-    let machine = if data[5] == elf::ELFDATA2MSB.0 { u16::from_be_bytes(m) } else { u16::from_le_bytes(m) };
-    if data[4] != elf::ELFCLASS64.0 || data[5] != elf::ELFDATA2LSB.0 || machine != elf::EM_X86_64.0 {
-        return Err(SymbolError::NotX86_64 { path: path.to_path_buf(), machine });
+    let machine = if data[5] == elf::ELFDATA2MSB.0 {
+        u16::from_be_bytes(m)
+    } else {
+        u16::from_le_bytes(m)
+    };
+    if data[4] != elf::ELFCLASS64.0 || data[5] != elf::ELFDATA2LSB.0 || machine != elf::EM_X86_64.0
+    {
+        return Err(SymbolError::NotX86_64 {
+            path: path.to_path_buf(),
+            machine,
+        });
     }
     Ok(())
 }
@@ -289,17 +340,38 @@ fn code_ranges(file: &ElfFile64<'_, Endianness>, data: &[u8]) -> Vec<CodeRange> 
                 && flags & elf::SHF_EXECINSTR.0 != 0
                 && flags & elf::SHF_ALLOC.0 != 0
         })
-        .map(|sh| CodeRange { address: sh.sh_addr(endian), file_offset: sh.sh_offset(endian), size: sh.sh_size(endian) })
+        .map(|sh| CodeRange {
+            address: sh.sh_addr(endian),
+            file_offset: sh.sh_offset(endian),
+            size: sh.sh_size(endian),
+        })
         // Ranges that wrap around the address space cannot be real; dropping them lets users
         // add sizes to addresses without overflow checks.
         .filter(|c| {
             c.size > 0
                 && c.address.checked_add(c.size).is_some()
-                && c.file_offset.checked_add(c.size).is_some_and(|end| end <= data.len() as u64)
+                && c.file_offset
+                    .checked_add(c.size)
+                    .is_some_and(|end| end <= data.len() as u64)
         })
         .collect();
     code.sort_unstable_by_key(|c| c.address);
     code
+}
+
+/// `(address, size)` of the PLT sections (`.plt`, `.plt.sec`, `.plt.got`, `.iplt`).
+fn plt_ranges(file: &ElfFile64<'_, Endianness>) -> Vec<(u64, u64)> {
+    let endian = file.endian();
+    let sections = file.elf_section_table();
+    sections
+        .iter()
+        .filter(|sh| {
+            sections
+                .section_name(endian, sh)
+                .is_ok_and(|n| n == b".plt" || n.starts_with(b".plt.") || n == b".iplt")
+        })
+        .map(|sh| (sh.sh_addr(endian), sh.sh_size(endian)))
+        .collect()
 }
 
 fn in_code(code: &[CodeRange], address: u64) -> bool {
@@ -361,30 +433,64 @@ fn collect_symbols(
             elf::STB_WEAK => 1,
             _ => 2,
         };
-        out.push(Cand { address, size: sym.st_size(endian), name, source, bind });
+        out.push(Cand {
+            address,
+            size: sym.st_size(endian),
+            name,
+            source,
+            bind,
+        });
     }
 }
 
-/// Reads the first matching separate debug file. A candidate must carry the same build id,
-/// or (if either file has none) match the `.gnu_debuglink` CRC: a stale debug file would give
-/// wrong names.
-fn find_debug_file(path: &Path, build_id: Option<&[u8]>, link: Option<(&[u8], u32)>) -> Option<(PathBuf, Vec<u8>)> {
+/// Takes the function symbols of the first matching separate debug file and returns its path.
+/// A candidate must carry the same build id, or (if either file has none) match the
+/// `.gnu_debuglink` CRC: a stale debug file would give wrong names.
+///
+/// The file is mapped, not read: debug files can be hundreds of MB of DWARF, of which only
+/// the headers and the symbol table are needed.
+fn read_debug_file(
+    path: &Path,
+    build_id: Option<&[u8]>,
+    link: Option<(&[u8], u32)>,
+    code: &[CodeRange],
+    out: &mut Vec<Cand>,
+) -> Option<PathBuf> {
     for cand in debugfile::candidates(path, build_id, link.map(|l| l.0)) {
-        let Ok(bytes) = std::fs::read(&cand) else { continue };
-        let Ok(dfile) = ElfFile64::<Endianness>::parse(bytes.as_slice()) else { continue };
+        let Ok(f) = std::fs::File::open(&cand) else {
+            continue;
+        };
+        // SAFETY: the mapping is private and read-only. Debug files are installed once and not
+        // rewritten in place; if one were truncated meanwhile, reading would fault.
+        let Ok(map) = (unsafe { memmap2::Mmap::map(&f) }) else {
+            continue;
+        };
+        let Ok(dfile) = ElfFile64::<Endianness>::parse(&map[..]) else {
+            continue;
+        };
         let their_id = dfile.build_id().ok().flatten();
         let ok = match (build_id, their_id) {
             (Some(a), Some(b)) => a == b,
-            _ => link.is_some_and(|(_, crc)| debugfile::crc32(&bytes) == crc),
+            _ => link.is_some_and(|(_, crc)| debugfile::crc32_of_file(&cand).ok() == Some(crc)),
         };
         if ok {
-            return Some((cand, bytes));
+            collect_symbols(
+                dfile.elf_symbol_table(),
+                dfile.endian(),
+                SymSource::DebugFile,
+                code,
+                out,
+            );
+            return Some(cand);
         }
     }
     None
 }
 
-fn eh_frame_input<'a>(file: &ElfFile64<'a, Endianness>, data: &'a [u8]) -> Option<cfi::EhFrameInput<'a>> {
+fn eh_frame_input<'a>(
+    file: &ElfFile64<'a, Endianness>,
+    data: &'a [u8],
+) -> Option<cfi::EhFrameInput<'a>> {
     let endian = file.endian();
     let sections = file.elf_section_table();
     let find = |name: &[u8]| sections.section_by_name(endian, name).map(|(_, sh)| sh);
@@ -411,7 +517,10 @@ fn is_cold(name: &str) -> bool {
 /// and the entry verdict.
 fn merge(mut cands: Vec<Cand>, scan: &cfi::CfiScan, entry_point: u64) -> Vec<Function> {
     cands.sort_unstable_by(|a, b| {
-        a.address.cmp(&b.address).then_with(|| a.rank().cmp(&b.rank())).then_with(|| a.name.cmp(&b.name))
+        a.address
+            .cmp(&b.address)
+            .then_with(|| a.rank().cmp(&b.rank()))
+            .then_with(|| a.name.cmp(&b.name))
     });
     let pieces = &scan.pieces;
     let mut out = Vec::with_capacity(pieces.len() + cands.len() / 2);

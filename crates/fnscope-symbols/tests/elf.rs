@@ -12,15 +12,25 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Compiles the fixture with `extra` flags into `name` (once per name).
 fn compile(name: &str, extra: &[&str]) -> PathBuf {
     let out = tmp(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixture.c");
-    run(Command::new("gcc").args(["-O2", "-g", "-o"]).arg(&out).arg(&src).args(extra));
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(extra));
     out
 }
 
@@ -39,7 +49,12 @@ fn unstripped_program() {
     assert!(!inv.is_static);
     assert!(inv.build_id.is_some());
     assert!(inv.debug_file.is_none());
-    assert!(inv.functions.windows(2).all(|w| w[0].address < w[1].address), "sorted, one per address");
+    assert!(
+        inv.functions
+            .windows(2)
+            .all(|w| w[0].address < w[1].address),
+        "sorted, one per address"
+    );
 
     let hot = named(&inv.functions, "hot");
     assert!(hot.entry && hot.size > 0 && hot.source == SymSource::Symtab);
@@ -81,24 +96,114 @@ fn stripped_program_falls_back_to_eh_frame() {
     assert_eq!(piece.not_entry_why, Some(fnscope_symbols::WHY_CFA));
 }
 
-#[test]
-fn separate_debug_file_by_debuglink() {
-    let full = compile("for-debuglink", &[]);
-    let dir = tmp("debuglink");
-    std::fs::create_dir_all(&dir).unwrap();
+/// Strips `full` into `dir/prog` with a `.gnu_debuglink` to `dir/prog.debug` made from
+/// `debug_from`.
+fn split_debug(dir: &Path, full: &Path, debug_from: &Path) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
     let debug = dir.join("prog.debug");
     let prog = dir.join("prog");
-    run(Command::new("objcopy").arg("--only-keep-debug").arg(&full).arg(&debug));
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(full)
+        .arg(&debug));
+    run(Command::new("strip").arg("-o").arg(&prog).arg(full));
+    run(Command::new("objcopy")
+        .arg("--add-gnu-debuglink")
+        .arg(&debug)
+        .arg(&prog));
+    if debug_from != full {
+        run(Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(debug_from)
+            .arg(&debug));
+    }
+    (prog, debug)
+}
+
+#[test]
+fn separate_debug_file_by_debuglink() {
+    // With build ids, they must match; without, the debuglink CRC must.
+    for (name, flags) in [
+        ("debuglink-id", &[][..]),
+        ("debuglink-crc", &["-Wl,--build-id=none"][..]),
+    ] {
+        let full = compile(name, flags);
+        let (prog, debug) = split_debug(&tmp(&format!("{name}-dir")), &full, &full);
+        let inv = load(&prog).unwrap();
+        assert!(!inv.has_symtab);
+        assert_eq!(inv.debug_file.as_deref(), Some(debug.as_path()), "{name}");
+        let helper = named(&inv.functions, "helper");
+        assert_eq!(helper.source, SymSource::DebugFile);
+        assert!(helper.entry);
+        assert!(!named(&inv.functions, "hot.cold").entry);
+    }
+}
+
+#[test]
+fn stale_debug_file_is_ignored() {
+    for (name, flags) in [
+        ("stale-id", &[][..]),
+        ("stale-crc", &["-Wl,--build-id=none"][..]),
+    ] {
+        let full = compile(name, flags);
+        let other = compile(&format!("{name}-other"), &[flags, &["-O0"]].concat());
+        let (prog, _) = split_debug(&tmp(&format!("{name}-dir")), &full, &other);
+        let inv = load(&prog).unwrap();
+        assert!(inv.debug_file.is_none(), "{name}");
+        assert!(inv
+            .functions
+            .iter()
+            .all(|f| f.source != SymSource::DebugFile));
+    }
+}
+
+#[test]
+fn minidebuginfo() {
+    let full = compile("for-mini", &[]);
+    let dir = tmp("mini");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dbg = dir.join("prog.dbg");
+    let mini = dir.join("prog.mini");
+    let xz = dir.join("prog.mini.xz");
+    let prog = dir.join("prog");
+    // As Fedora builds it: the symbol table without debug info, xz-compressed, in a section.
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&full)
+        .arg(&dbg));
+    run(Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(&dbg)
+        .arg(&mini));
+    let raw = std::fs::read(&mini).unwrap();
+    let mut packed = Vec::new();
+    lzma_rs::xz_compress(&mut raw.as_slice(), &mut packed).unwrap();
+    std::fs::write(&xz, packed).unwrap();
     run(Command::new("strip").arg("-o").arg(&prog).arg(&full));
-    run(Command::new("objcopy").arg("--add-gnu-debuglink").arg(&debug).arg(&prog));
+    run(Command::new("objcopy")
+        .arg(format!("--add-section=.gnu_debugdata={}", xz.display()))
+        .arg(&prog));
 
     let inv = load(&prog).unwrap();
     assert!(!inv.has_symtab);
-    assert_eq!(inv.debug_file.as_deref(), Some(debug.as_path()));
+    assert!(inv.debug_file.is_none());
     let helper = named(&inv.functions, "helper");
     assert_eq!(helper.source, SymSource::DebugFile);
     assert!(helper.entry);
     assert!(!named(&inv.functions, "hot.cold").entry);
+
+    // Damaged compressed data: the names are gone, nothing else.
+    let mut data = std::fs::read(&prog).unwrap();
+    let at = data
+        .windows(6)
+        .position(|w| w == b"\xfd7zXZ\0")
+        .expect("xz magic");
+    data[at + 40..at + 80].fill(0x55);
+    let inv = load_bytes(&prog, &data).unwrap();
+    assert!(inv
+        .functions
+        .iter()
+        .all(|f| f.source == SymSource::EhFrame || f.source == SymSource::Dynsym));
 }
 
 #[test]
@@ -109,7 +214,10 @@ fn static_program() {
     assert!(!inv.is_pie_or_shared);
     // glibc's own functions are there too.
     assert!(named(&inv.functions, "hot").entry);
-    assert!(inv.functions.iter().any(|f| f.name.as_deref() == Some("malloc")));
+    assert!(inv
+        .functions
+        .iter()
+        .any(|f| f.name.as_deref() == Some("malloc")));
 }
 
 #[test]
@@ -154,7 +262,11 @@ fn damaged_files_do_not_panic() {
 /// The figures the brief asks for, on system binaries if they are present.
 #[test]
 fn system_binaries() {
-    for p in ["/usr/bin/python3.11", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git"] {
+    for p in [
+        "/usr/bin/python3.11",
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/bin/git",
+    ] {
         let path = Path::new(p);
         if !path.exists() {
             continue;
@@ -162,6 +274,9 @@ fn system_binaries() {
         let inv = load(path).unwrap();
         let entries = inv.functions.iter().filter(|f| f.entry).count();
         assert!(entries > 1000, "{p}: {entries} entries");
-        assert!(inv.functions.windows(2).all(|w| w[0].address < w[1].address));
+        assert!(inv
+            .functions
+            .windows(2)
+            .all(|w| w[0].address < w[1].address));
     }
 }

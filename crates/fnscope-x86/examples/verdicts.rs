@@ -4,6 +4,7 @@
 //! (`-v` lists every skipped function).
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -39,8 +40,19 @@ fn main() {
                 Verdict::Hookable { .. } => hookable += 1,
                 Verdict::Skip { reason, detail } => {
                     *reasons.entry(reason).or_default() += 1;
-                    if verbose {
-                        println!("  skip {:#x} {:<18} {:<40} {}", f.address, reason, detail, f.display_name());
+                    // Stop quietly when the reader (e.g. `head`) has gone.
+                    if verbose
+                        && writeln!(
+                            std::io::stdout().lock(),
+                            "  skip {:#x} {:<18} {:<40} {}",
+                            f.address,
+                            reason,
+                            detail,
+                            f.display_name()
+                        )
+                        .is_err()
+                    {
+                        return;
                     }
                 }
             }

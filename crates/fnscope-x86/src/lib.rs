@@ -69,7 +69,10 @@ const DENYLIST: &[(&str, &str)] = &[
     ("__clone", "the child returns on a new stack"),
     ("__clone3", "the child returns on a new stack"),
     ("__clone_internal", "the child returns on a new stack"),
-    ("__tls_get_addr", "called by TLS code sequences with an unusual stack"),
+    (
+        "__tls_get_addr",
+        "called by TLS code sequences with an unusual stack",
+    ),
     ("__restore_rt", "signal return trampoline"),
     ("_start", "program entry, no caller"),
     ("__morestack", "switches stacks"),
@@ -78,8 +81,14 @@ const DENYLIST: &[(&str, &str)] = &[
 /// `_dl_runtime_resolve*` and `_dl_runtime_profile*` are entered from PLT stubs with extra
 /// words on the stack.
 const DENY_PREFIXES: &[(&str, &str)] = &[
-    ("_dl_runtime_resolve", "entered from the PLT with extra words on the stack"),
-    ("_dl_runtime_profile", "entered from the PLT with extra words on the stack"),
+    (
+        "_dl_runtime_resolve",
+        "entered from the PLT with extra words on the stack",
+    ),
+    (
+        "_dl_runtime_profile",
+        "entered from the PLT with extra words on the stack",
+    ),
 ];
 
 fn denied(name: &str) -> Option<&'static str> {
@@ -102,7 +111,11 @@ fn skip(reason: &'static str, detail: String) -> Verdict {
 /// direct branches (and `lea` address computations) that land inside another function's
 /// patch.
 pub fn analyze(inv: &Inventory, data: &[u8]) -> Vec<Verdict> {
-    let mut verdicts: Vec<Verdict> = inv.functions.iter().map(|f| local_verdict(inv, data, f)).collect();
+    let mut verdicts: Vec<Verdict> = inv
+        .functions
+        .iter()
+        .map(|f| local_verdict(inv, data, f))
+        .collect();
     mark_branches_into_patches(inv, data, &mut verdicts);
     verdicts
 }
@@ -120,7 +133,10 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
         return skip(skip_reason::TOO_SHORT, format!("{} bytes", f.size));
     }
     let Some(bytes) = inv.code_bytes(data, f.address) else {
-        return skip(skip_reason::NOT_CODE, "not in an executable section of the file".to_string());
+        return skip(
+            skip_reason::NOT_CODE,
+            "not in an executable section of the file".to_string(),
+        );
     };
     let bytes = &bytes[..bytes.len().min(MAX_PATCH_LEN)];
     let mut decoder = Decoder::with_ip(64, bytes, f.address, DecoderOptions::NONE);
@@ -132,11 +148,17 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
     let mut nbranch = 0;
     while covered < JMP_LEN {
         if !decoder.can_decode() {
-            return skip(skip_reason::TOO_SHORT, format!("code ends {covered} bytes into the function"));
+            return skip(
+                skip_reason::TOO_SHORT,
+                format!("code ends {covered} bytes into the function"),
+            );
         }
         decoder.decode_out(&mut instr);
         if instr.is_invalid() {
-            return skip(skip_reason::UNDECODABLE, format!("invalid instruction at +{covered}"));
+            return skip(
+                skip_reason::UNDECODABLE,
+                format!("invalid instruction at +{covered}"),
+            );
         }
         let offset = covered;
         covered += instr.len();
@@ -145,7 +167,10 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
         if covered as u64 > f.size {
             return skip(
                 skip_reason::TOO_SHORT,
-                format!("the first whole instructions take {covered} bytes, the function only {}", f.size),
+                format!(
+                    "the first whole instructions take {covered} bytes, the function only {}",
+                    f.size
+                ),
             );
         }
         match instr.flow_control() {
@@ -154,7 +179,10 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
             FlowControl::Call | FlowControl::IndirectCall
                 if is_call(&instr) && (covered < JMP_LEN || !call_is_movable(&instr)) =>
             {
-                return skip(skip_reason::CALL_IN_PATCH, format!("{} at +{offset}", mnemonic(&instr)));
+                return skip(
+                    skip_reason::CALL_IN_PATCH,
+                    format!("{} at +{offset}", mnemonic(&instr)),
+                );
             }
             _ => {}
         }
@@ -165,7 +193,10 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
     }
     let end = f.address + covered as u64;
     if let Some(offset) = rip_relative_into(bytes, f.address, end) {
-        return skip(skip_reason::UNRELOCATABLE, format!("RIP-relative operand at +{offset} refers to the patch itself"));
+        return skip(
+            skip_reason::UNRELOCATABLE,
+            format!("RIP-relative operand at +{offset} refers to the patch itself"),
+        );
     }
     // A branch within the displaced bytes is re-targeted to the relocated copy only if it lands
     // on one of the relocated instructions; anywhere else inside would run overwritten bytes.
@@ -173,7 +204,10 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
         if t > f.address && t < end && !boundaries[..count].contains(&t) {
             return skip(
                 skip_reason::UNRELOCATABLE,
-                format!("branch at +{offset} into the middle of an instruction at +{}", t - f.address),
+                format!(
+                    "branch at +{offset} into the middle of an instruction at +{}",
+                    t - f.address
+                ),
             );
         }
     }
@@ -181,7 +215,9 @@ fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
     if let Err(e) = relocate(patch, f.address, f.address) {
         return skip(skip_reason::UNRELOCATABLE, e.to_string());
     }
-    Verdict::Hookable { patch_len: covered as u8 }
+    Verdict::Hookable {
+        patch_len: covered as u8,
+    }
 }
 
 /// Offset of the first instruction in `[start, end)` that accesses memory inside
@@ -229,7 +265,10 @@ fn mnemonic(instr: &Instruction) -> String {
 }
 
 fn is_near_branch(instr: &Instruction) -> bool {
-    matches!(instr.op0_kind(), OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16)
+    matches!(
+        instr.op0_kind(),
+        OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
+    )
 }
 
 /// Decodes all code once and turns hookable functions into `BRANCH_INTO_PATCH` when a direct
@@ -251,10 +290,12 @@ fn mark_branches_into_patches(inv: &Inventory, data: &[u8], verdicts: &mut [Verd
         return;
     }
     let starts: Vec<u64> = inv.functions.iter().map(|f| f.address).collect();
-    let mut hits: Vec<(usize, u64, u64)> = Vec::new();
+    let mut hits: Vec<(usize, u64, u64, bool)> = Vec::new();
     let mut instr = Instruction::default();
     for range in &inv.code {
-        let Some(bytes) = inv.code_bytes(data, range.address) else { continue };
+        let Some(bytes) = inv.code_bytes(data, range.address) else {
+            continue;
+        };
         let base = range.address;
         let end = base + bytes.len() as u64;
         let mut decoder = Decoder::with_ip(64, bytes, base, DecoderOptions::NONE);
@@ -275,10 +316,10 @@ fn mark_branches_into_patches(inv: &Inventory, data: &[u8], verdicts: &mut [Verd
                 reposition(&mut decoder, base, ip + 1);
                 continue;
             }
-            let target = if is_near_branch(&instr) {
-                instr.near_branch_target()
+            let (target, is_lea) = if is_near_branch(&instr) {
+                (instr.near_branch_target(), false)
             } else if instr.mnemonic() == Mnemonic::Lea && instr.is_ip_rel_memory_operand() {
-                instr.ip_rel_memory_address()
+                (instr.ip_rel_memory_address(), true)
             } else {
                 continue;
             };
@@ -289,13 +330,21 @@ fn mark_branches_into_patches(inv: &Inventory, data: &[u8], verdicts: &mut [Verd
             let (fstart, pend, idx) = patches[j - 1];
             // Branches from inside the patch itself move with it (see `local_verdict`).
             if target < pend && !(ip >= fstart && ip < pend) {
-                hits.push((idx, ip, target - fstart));
+                hits.push((idx, ip, target - fstart, is_lea));
             }
         }
     }
-    for (idx, src, into) in hits {
+    for (idx, src, into, is_lea) in hits {
         if verdicts[idx].patch_len().is_some() {
-            verdicts[idx] = skip(skip_reason::BRANCH_INTO_PATCH, format!("branch from {src:#x} into +{into}"));
+            let what = if is_lea {
+                "address taken by lea"
+            } else {
+                "branch"
+            };
+            verdicts[idx] = skip(
+                skip_reason::BRANCH_INTO_PATCH,
+                format!("{what} from {src:#x} into +{into}"),
+            );
         }
     }
 }
@@ -342,7 +391,9 @@ pub enum RelocError {
     },
     /// The output exceeds [`max_relocated_len`] (never expected; the bound is checked so that
     /// trampoline layout cannot overflow).
-    #[error("relocated code is {len} bytes, more than the {max} reserved; please report this as a bug")]
+    #[error(
+        "relocated code is {len} bytes, more than the {max} reserved; please report this as a bug"
+    )]
     TooLong {
         /// Output size.
         len: usize,
@@ -372,16 +423,21 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
         let offset = decoder.position();
         let instr = decoder.decode();
         if instr.is_invalid() {
-            return Err(if decoder.last_error() == iced_x86::DecoderError::NoMoreBytes {
-                RelocError::PartialInstruction { len: code.len() }
-            } else {
-                RelocError::Undecodable { offset }
-            });
+            return Err(
+                if decoder.last_error() == iced_x86::DecoderError::NoMoreBytes {
+                    RelocError::PartialInstruction { len: code.len() }
+                } else {
+                    RelocError::Undecodable { offset }
+                },
+            );
         }
         instrs.push(instr);
     }
     let back = orig_addr.wrapping_add(code.len() as u64);
-    let encode_err = |e: iced_x86::IcedError| RelocError::Encode { new_addr, msg: e.to_string() };
+    let encode_err = |e: iced_x86::IcedError| RelocError::Encode {
+        new_addr,
+        msg: e.to_string(),
+    };
     for instr in instrs.iter_mut() {
         if instr.mnemonic() == Mnemonic::Lea && instr.is_ip_rel_memory_operand() {
             // The encoder would point a `lea` of one of the relocated instructions at its copy,
@@ -403,17 +459,23 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
     }
     if let Some(i) = instrs.iter().position(is_call) {
         if i + 1 != instrs.len() || !call_is_movable(&instrs[i]) {
-            return Err(RelocError::Call { offset: (instrs[i].ip() - orig_addr) as usize });
+            return Err(RelocError::Call {
+                offset: (instrs[i].ip() - orig_addr) as usize,
+            });
         }
         // The call becomes `push [rip+ret]; jmp target; ret: dq back`, so that the callee
         // returns to the original code after the patch, where unwinders find the function's
         // own call frame information.
         let call = instrs[i];
-        let mut push = Instruction::with1(Code::Push_rm64, MemoryOperand::with_base_displ(Register::RIP, RET_SLOT_IP as i64))
-            .map_err(encode_err)?;
+        let mut push = Instruction::with1(
+            Code::Push_rm64,
+            MemoryOperand::with_base_displ(Register::RIP, RET_SLOT_IP as i64),
+        )
+        .map_err(encode_err)?;
         push.set_ip(call.ip());
         let mut jmp = if call.code() == Code::Call_rel32_64 {
-            Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch_target()).map_err(encode_err)?
+            Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch_target())
+                .map_err(encode_err)?
         } else {
             let mut j = call;
             j.set_code(Code::Jmp_rm64);
@@ -434,10 +496,15 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
         instrs.push(jmp);
     }
     let block = InstructionBlock::new(&instrs, new_addr);
-    let out = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE).map_err(encode_err)?.code_buffer;
+    let out = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map_err(encode_err)?
+        .code_buffer;
     let max = max_relocated_len(code.len());
     if out.len() > max {
-        return Err(RelocError::TooLong { len: out.len(), max });
+        return Err(RelocError::TooLong {
+            len: out.len(),
+            max,
+        });
     }
     Ok(out)
 }

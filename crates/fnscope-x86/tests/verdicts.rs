@@ -14,8 +14,17 @@ fn fixture() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("fixture");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixture.c");
-    let r = Command::new("gcc").args(["-O2", "-o"]).arg(&out).arg(&src).output().expect("gcc");
-    assert!(r.status.success(), "gcc failed: {}", String::from_utf8_lossy(&r.stderr));
+    let r = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(
+        r.status.success(),
+        "gcc failed: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     out
 }
 
@@ -65,12 +74,18 @@ fn verdicts_on_gcc_program() {
     // riprel: `mov rax, [rip+counter]` (7 bytes) moved 1.5 GiB away still reads `counter`.
     let (riprel, v) = verdict_of(&inv, &verdicts, "riprel");
     assert_eq!(v.patch_len(), Some(7));
-    let counter = inv.functions.iter().find(|f| f.name.as_deref() == Some("counter"));
+    let counter = inv
+        .functions
+        .iter()
+        .find(|f| f.name.as_deref() == Some("counter"));
     assert!(counter.is_none(), "data symbols are not functions");
     let bytes = &inv.code_bytes(&data, riprel).unwrap()[..7];
     let orig = Decoder::with_ip(64, bytes, riprel, DecoderOptions::NONE).decode();
     let target = orig.ip_rel_memory_address();
-    for new_addr in [riprel + 0x6000_0000, riprel.wrapping_sub(0x1000).wrapping_add(0x7fff_0000)] {
+    for new_addr in [
+        riprel + 0x6000_0000,
+        riprel.wrapping_sub(0x1000).wrapping_add(0x7fff_0000),
+    ] {
         let code = relocate(bytes, riprel, new_addr).unwrap();
         assert!(code.len() <= max_relocated_len(7));
         let mut d = Decoder::with_ip(64, &code, new_addr, DecoderOptions::NONE);
@@ -217,7 +232,17 @@ fn relocated_prologues_run() {
         ("fnscope_t_rip", fnscope_t_rip, &[(2, 42)]),
         ("fnscope_t_jcc", fnscope_t_jcc, &[(0, 2), (5, 1)]),
         ("fnscope_t_call", fnscope_t_call, &[(9, 10)]),
-        ("fnscope_t_self", fnscope_t_self, &[(fnscope_t_self as unsafe extern "C" fn(u64) -> u64 as usize as u64, 1), (0, 0)]),
+        (
+            "fnscope_t_self",
+            fnscope_t_self,
+            &[
+                (
+                    fnscope_t_self as unsafe extern "C" fn(u64) -> u64 as usize as u64,
+                    1,
+                ),
+                (0, 0),
+            ],
+        ),
     ];
     for (name, f, io) in cases {
         let (link_addr, v) = verdict_of(&inv, &verdicts, name);
@@ -232,7 +257,10 @@ fn relocated_prologues_run() {
         // behaves as calling `f`.
         let tramp: unsafe extern "C" fn(u64) -> u64 = unsafe {
             std::ptr::copy_nonoverlapping(code.as_ptr(), page, code.len());
-            assert_eq!(libc::mprotect(page.cast(), 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+            assert_eq!(
+                libc::mprotect(page.cast(), 4096, libc::PROT_READ | libc::PROT_EXEC),
+                0
+            );
             std::mem::transmute::<*mut u8, unsafe extern "C" fn(u64) -> u64>(page)
         };
         for &(input, want) in io {
@@ -254,7 +282,11 @@ fn relocation_edge_cases() {
     let code = [0xe3, 0x10, 0xe2, 0x10, 0x74, 0x10];
     for new_addr in [orig + 0x10_0000, orig - 0x7000_0000, orig + (5 << 30)] {
         let out = relocate(&code, orig, new_addr).unwrap();
-        assert!(out.len() <= max_relocated_len(code.len()), "{} > bound", out.len());
+        assert!(
+            out.len() <= max_relocated_len(code.len()),
+            "{} > bound",
+            out.len()
+        );
         let mut d = Decoder::with_ip(64, &out, new_addr, DecoderOptions::NONE);
         let mut targets = Vec::new();
         let mut i = Instruction::default();
@@ -269,7 +301,10 @@ fn relocation_edge_cases() {
             }
         }
         for t in [orig + 2 + 0x10, orig + 4 + 0x10, orig + 6 + 0x10, orig + 6] {
-            assert!(targets.contains(&t), "{t:#x} not reached from {new_addr:#x}: {targets:x?}");
+            assert!(
+                targets.contains(&t),
+                "{t:#x} not reached from {new_addr:#x}: {targets:x?}"
+            );
         }
     }
     // A RIP-relative operand more than 2 GiB away cannot be re-encoded.
@@ -284,20 +319,39 @@ fn relocation_edge_cases() {
 
 #[test]
 fn jmp_rel32_range() {
-    assert_eq!(fnscope_x86::jmp_rel32(0x1000, 0x1005), Some([0xe9, 0, 0, 0, 0]));
-    assert_eq!(fnscope_x86::jmp_rel32(0x1005, 0x1000), Some([0xe9, 0xf6, 0xff, 0xff, 0xff]));
-    assert_eq!(fnscope_x86::jmp_rel32(0, 0x8000_0004), Some([0xe9, 0xff, 0xff, 0xff, 0x7f]));
+    assert_eq!(
+        fnscope_x86::jmp_rel32(0x1000, 0x1005),
+        Some([0xe9, 0, 0, 0, 0])
+    );
+    assert_eq!(
+        fnscope_x86::jmp_rel32(0x1005, 0x1000),
+        Some([0xe9, 0xf6, 0xff, 0xff, 0xff])
+    );
+    assert_eq!(
+        fnscope_x86::jmp_rel32(0, 0x8000_0004),
+        Some([0xe9, 0xff, 0xff, 0xff, 0x7f])
+    );
     assert_eq!(fnscope_x86::jmp_rel32(0, 0x8000_0005), None);
-    assert_eq!(fnscope_x86::jmp_rel32(0x7fff_fffb, 0), Some([0xe9, 0, 0, 0, 0x80]));
+    assert_eq!(
+        fnscope_x86::jmp_rel32(0x7fff_fffb, 0),
+        Some([0xe9, 0, 0, 0, 0x80])
+    );
     assert_eq!(fnscope_x86::jmp_rel32(0x7fff_fffc, 0), None);
-    assert_eq!(fnscope_x86::jmp_rel32(u64::MAX - 4, 0x10), Some([0xe9, 0x10, 0, 0, 0]));
+    assert_eq!(
+        fnscope_x86::jmp_rel32(u64::MAX - 4, 0x10),
+        Some([0xe9, 0x10, 0, 0, 0])
+    );
 }
 
 /// Every function found hookable in system binaries relocates 1.5 GiB away, within the
 /// announced size bound, into code that decodes to the same kinds of instructions.
 #[test]
 fn system_functions_relocate() {
-    for p in ["/usr/bin/python3.11", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git"] {
+    for p in [
+        "/usr/bin/python3.11",
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/bin/git",
+    ] {
         let path = Path::new(p);
         if !path.exists() {
             continue;
@@ -310,9 +364,14 @@ fn system_functions_relocate() {
             let Some(len) = v.patch_len() else { continue };
             let bytes = &inv.code_bytes(&data, f.address).unwrap()[..len];
             for new_addr in [f.address + (3 << 29), f.address.wrapping_sub(3 << 29)] {
-                let out = relocate(bytes, f.address, new_addr)
-                    .unwrap_or_else(|e| panic!("{p}: {} at {:#x}: {e}", f.display_name(), f.address));
-                assert!(out.len() <= max_relocated_len(len), "{p}: {}", f.display_name());
+                let out = relocate(bytes, f.address, new_addr).unwrap_or_else(|e| {
+                    panic!("{p}: {} at {:#x}: {e}", f.display_name(), f.address)
+                });
+                assert!(
+                    out.len() <= max_relocated_len(len),
+                    "{p}: {}",
+                    f.display_name()
+                );
             }
             n += 1;
         }
