@@ -75,3 +75,26 @@ pub fn write_stderr(msg: &[u8]) {
         syscall6(SYS_WRITE, 2, msg.as_ptr() as usize, msg.len(), 0, 0, 0);
     }
 }
+
+const SYS_RT_SIGPROCMASK: usize = 14;
+const SIG_SETMASK: usize = 2;
+
+/// Blocks every signal that can be blocked; returns the previous mask for
+/// [`restore_signals`].
+pub fn block_signals() -> u64 {
+    let all: u64 = !0;
+    let mut old: u64 = 0;
+    // SAFETY: both pointers are valid for the 8-byte kernel sigset the last argument names.
+    unsafe {
+        syscall6(SYS_RT_SIGPROCMASK, SIG_SETMASK, &all as *const u64 as usize, &mut old as *mut u64 as usize, 8, 0, 0);
+    }
+    old
+}
+
+/// Puts back a mask returned by [`block_signals`].
+pub fn restore_signals(old: u64) {
+    // SAFETY: the pointer is valid for the 8-byte kernel sigset.
+    unsafe {
+        syscall6(SYS_RT_SIGPROCMASK, SIG_SETMASK, &old as *const u64 as usize, 0, 8, 0, 0);
+    }
+}

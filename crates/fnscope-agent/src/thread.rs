@@ -20,6 +20,10 @@ pub struct ThreadState {
     pub ss_base: u64,
     /// Chunk being filled, or null.
     pub chunk: *mut ChunkHeader,
+    /// Chunk filled before it, not yet published (see `refill`), or null.
+    pub prev_chunk: *mut ChunkHeader,
+    /// Records in `prev_chunk`.
+    pub prev_nrec: u32,
     /// Sequence number of the next chunk of this thread.
     pub seq: u64,
     /// Records dropped since the last chunk was taken.
@@ -86,6 +90,8 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     buf_end: 0,
     ss_base: 0,
     chunk: core::ptr::null_mut(),
+    prev_chunk: core::ptr::null_mut(),
+    prev_nrec: 0,
     seq: 0,
     lost: 0,
     pid: 0,
@@ -182,13 +188,30 @@ unsafe fn finish(st: *mut ThreadState) {
     unsafe {
         write_volatile(addr_of_mut!((*st).exited), 1);
         write_volatile(addr_of_mut!((*st).buf_end), 0);
+        publish_all(st, CHUNK_FLAG_LAST);
+        region::add_lost((*st).lost);
+        (*st).lost = 0;
+    }
+}
+
+/// Publishes the chunk held back by the last swap and the one being filled (which gets
+/// `flags`).
+///
+/// # Safety
+/// `st` must be the calling thread's state, with `buf_end` already 0.
+unsafe fn publish_all(st: *mut ThreadState, flags: u32) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        let prev = (*st).prev_chunk;
+        if !prev.is_null() {
+            (*st).prev_chunk = core::ptr::null_mut();
+            region::publish(prev, (*st).prev_nrec, 0);
+        }
         let c = (*st).chunk;
         if !c.is_null() {
             (*st).chunk = core::ptr::null_mut();
-            region::publish(c, filled(st, c), CHUNK_FLAG_LAST);
+            region::publish(c, filled(st, c), flags);
         }
-        region::add_lost((*st).lost);
-        (*st).lost = 0;
     }
 }
 
@@ -215,6 +238,7 @@ extern "C" fn after_fork_child() {
     // SAFETY: `st` is this thread's state; the child has only this thread.
     unsafe {
         (*st).chunk = core::ptr::null_mut();
+        (*st).prev_chunk = core::ptr::null_mut();
         (*st).buf_end = 0;
         (*st).buf_ptr = 0;
         (*st).seq = 0;
@@ -236,11 +260,7 @@ pub fn restart_stream() {
         }
         write_volatile(addr_of_mut!((*st).in_slow), 1);
         write_volatile(addr_of_mut!((*st).buf_end), 0);
-        let c = (*st).chunk;
-        if !c.is_null() {
-            (*st).chunk = core::ptr::null_mut();
-            region::publish(c, filled(st, c), 0);
-        }
+        publish_all(st, 0);
         write_volatile(addr_of_mut!((*st).in_slow), 0);
     }
 }
@@ -272,14 +292,24 @@ extern "C" fn fnscope_buffer_full(st: *mut ThreadState) -> u32 {
 /// # Safety
 /// `st` must be the calling thread's state, with `in_slow` set.
 unsafe fn refill(st: *mut ThreadState) -> bool {
-    // SAFETY: per the caller's guarantee; `buf_end = 0` first so that a signal handler's record
-    // goes to the slow path (and is dropped there) while the chunk is being swapped.
-    unsafe {
+    // Signals stay blocked while the chunks change hands, so that a handler's records never
+    // meet a half-swapped state (they would have to be dropped); they run right after.
+    let old = sys::block_signals();
+    // SAFETY: per the caller's guarantee. The chunk just filled is published one swap later:
+    // a signal handler that filled it may have interrupted an exit stub between reserving its
+    // slot and writing it, and that write must land before the recorder reads the chunk.
+    let ok = unsafe {
         write_volatile(addr_of_mut!((*st).buf_end), 0);
         let c = (*st).chunk;
         if !c.is_null() {
+            let n = filled(st, c);
             (*st).chunk = core::ptr::null_mut();
-            region::publish(c, filled(st, c), 0);
+            let prev = (*st).prev_chunk;
+            if !prev.is_null() {
+                region::publish(prev, (*st).prev_nrec, 0);
+            }
+            (*st).prev_chunk = c;
+            (*st).prev_nrec = n;
         }
         let lost = (*st).lost;
         match region::acquire((*st).pid, (*st).tid, (*st).seq, lost) {
@@ -294,7 +324,9 @@ unsafe fn refill(st: *mut ThreadState) -> bool {
             }
             None => false,
         }
-    }
+    };
+    sys::restore_signals(old);
+    ok
 }
 
 /// Writes one record from Rust (slow paths), taking a new chunk if needed.

@@ -254,17 +254,25 @@ impl Recorder {
         Ok(n)
     }
 
-    /// Copies chunks still owned by writers that are gone (all of them when `all`).
+    /// Copies chunks still owned by writers that are gone (all of them when `all`), in
+    /// stream order: a thread holds up to two chunks.
     fn harvest(&mut self, all: bool) -> Result<()> {
+        let mut gone = Vec::new();
         for i in 0..self.region.nchunks {
             if self.region.state(i).load(Ordering::Acquire) != CHUNK_OWNED {
                 continue;
             }
-            // SAFETY: reading the pid of an owned chunk's header.
-            let pid = unsafe { (*self.region.chunk(i)).pid };
-            if !all && process_alive(pid) {
-                continue;
+            // SAFETY: reading the header of an owned chunk.
+            let (pid, tid, seq) = unsafe {
+                let c = &*self.region.chunk(i);
+                (c.pid, c.tid, c.seq)
+            };
+            if all || !process_alive(pid) {
+                gone.push((pid, tid, seq, i));
             }
+        }
+        gone.sort();
+        for (_, _, _, i) in gone {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
             self.take(i, n, CHUNK_FLAG_ABANDONED)?;
