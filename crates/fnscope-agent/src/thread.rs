@@ -412,7 +412,8 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
 ///
 /// Tracing goes on meanwhile: calls made by cleanups (destructors, `pthread_cleanup_push`
 /// handlers) run in new frames below the landing pad and return before the unwinder walks
-/// on, so their exit stubs are never in its way.
+/// on, so their exit stubs are never in its way. Every unwind restores every entry, even
+/// with others in flight: frames entered since the last one have exit stubs again.
 pub fn unwind_begins(rsp: u64, exception: u64) {
     let Some(st) = current() else { return };
     let now = stubs::tsc();
@@ -426,10 +427,6 @@ pub fn unwind_begins(rsp: u64, exception: u64) {
                 (*st).inflight[n] = exception;
             }
             (*st).unwinding += 1;
-        }
-        if n > 0 {
-            // Already paused and restored.
-            return;
         }
         while (*st).ss_top > (*st).ss_base && (*((((*st).ss_top) - 32) as *const ShadowEntry)).slot < rsp {
             pop_unwound(st, now);

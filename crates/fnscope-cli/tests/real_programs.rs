@@ -223,3 +223,39 @@ fn sqlite3_memory_and_file() {
     );
     assert_eq!(outputs[0].stdout, "3|6\n3|CCC\n2|BB\n1|A\n");
 }
+
+#[test]
+fn rust_program_built_with_cargo() {
+    // tests/programs/rust_app: threads, trait objects, recursion and panics caught with
+    // catch_unwind (so the unwinder walks through hooked Rust frames), built in release mode.
+    let dir = TempDir::new("rust");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/rust_app/Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let built = std::process::Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(dir.join("target"))
+        .status()
+        .expect("cannot run cargo");
+    assert!(built.success(), "building tests/programs/rust_app failed");
+    let program = dir.join("target/release/rust_app");
+    let inv = Invocation::new(&program, dir.path());
+    let native = same_under_record(&inv, &dir.join("trace"));
+    assert!(native.stdout.contains("panics caught 2, sum 36"), "{}", native.stdout);
+    let stats = report(&dir.join("trace")).expect("report");
+    // The program counts its own calls: fib exactly, area over both implementations.
+    let own = |name: &str| -> u64 {
+        native
+            .stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("count {name} ")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the program did not print its count of {name}"))
+    };
+    assert_eq!(calls_of(&stats, "rust_app", "rust_app::fib").0, own("rust_app::fib"));
+    let area = calls_of(&stats, "rust_app", "<rust_app::Square as rust_app::Shape>::area").0
+        + calls_of(&stats, "rust_app", "<rust_app::Circle as rust_app::Shape>::area").0;
+    assert_eq!(area, own("area"));
+    assert_eq!(calls_of(&stats, "rust_app", "rust_app::may_panic").0, 8);
+}

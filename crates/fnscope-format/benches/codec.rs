@@ -1,12 +1,12 @@
-//! Micro-benchmarks of the trace writer and reader on one full shared-memory chunk of
-//! fib-like records (43,690 records: what one 1 MiB chunk holds).
+//! Micro-benchmarks of the trace writer and reader on one segment of 43,690 fib-like records
+//! (what a 1 MiB shared-memory chunk holds: 1 MiB / 24-byte records).
 //!
 //! `cargo bench -p fnscope-format` runs them; the figures to look at are the per-record
 //! throughputs (criterion prints them as "elem/s"). Before measuring, the bench prints the
 //! encoded size of the segment in bytes per record.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fnscope_abi::{records_per_chunk, Record, DEFAULT_CHUNK_SIZE};
+use fnscope_abi::Record;
 use fnscope_format::{Chunk, EndInfo, Meta, TraceReader, TraceWriter};
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -44,9 +44,13 @@ fn fib_records(n: u32, clock: &mut u64, rng: &mut Rng, depth: u32, limit: usize,
     }
 }
 
-/// One chunk's worth of fib-like records.
+/// Records in the benchmarked segment: fixed, so that figures stay comparable when the
+/// recorder's chunk size changes.
+const SEGMENT_RECORDS: usize = (1 << 20) / fnscope_abi::RECORD_SIZE;
+
+/// One segment of fib-like records.
 fn segment_records() -> Vec<Record> {
-    let n = records_per_chunk(DEFAULT_CHUNK_SIZE);
+    let n = SEGMENT_RECORDS;
     let mut out = Vec::with_capacity(n);
     let mut clock = 1_000_000;
     // fib(22) makes 57,313 calls: more than a chunk holds.
