@@ -136,6 +136,7 @@ impl Tracer {
 }
 
 fn setup(shm: &str) -> Result<(), String> {
+    let started = std::time::Instant::now();
     let sid = region::attach(shm)?;
     let pid = sys::getpid();
     region::abandon_previous_images(pid);
@@ -158,7 +159,10 @@ fn setup(shm: &str) -> Result<(), String> {
     let (hooked, skipped) = t.hook_new_objects(&objs)?;
     t.write_table()?;
     if verbose() {
-        warn(&format!("pid {pid}: {hooked} functions hooked, {skipped} skipped, {unwinder} unwinder hooks"));
+        warn(&format!(
+            "pid {pid}: {hooked} functions hooked, {skipped} skipped, {unwinder} unwinder hooks, in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        ));
     }
     *TRACER.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
     ACTIVE.store(true, Ordering::Release);

@@ -1,0 +1,102 @@
+//! `--lib`: shared libraries are hooked when asked for, both those linked at build time and
+//! those loaded later with `dlopen`; the counts come from the programs themselves
+//! (tests/programs/counts.h protocol).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn gcc(args: &[&str], dir: &Path) {
+    let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
+    let status = Command::new("gcc")
+        .args(args)
+        .current_dir(&programs)
+        .arg("-I")
+        .arg(&programs)
+        .env("TMPDIR", dir)
+        .status()
+        .expect("cannot run gcc");
+    assert!(status.success(), "gcc {args:?} failed");
+}
+
+/// Builds libplugin.so, liblinked.so and the program that uses them into `dir`.
+fn build(dir: &Path) {
+    let d = path_str(dir);
+    gcc(&["-O2", "-shared", "-fPIC", "-o", &format!("{d}/libplugin.so"), "plugin.c"], dir);
+    gcc(&["-O2", "-shared", "-fPIC", "-o", &format!("{d}/liblinked.so"), "linked.c"], dir);
+    gcc(
+        &[
+            "-O2",
+            "-o",
+            &format!("{d}/dlopen_main"),
+            "dlopen_main.c",
+            &format!("-L{d}"),
+            "-llinked",
+            "-Wl,-rpath,$ORIGIN",
+            "-ldl",
+        ],
+        dir,
+    );
+}
+
+/// `count NAME N` lines of the program's stderr.
+fn own_counts(stderr: &str) -> Vec<(String, u64)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("count ")?;
+            let (name, n) = rest.rsplit_once(' ')?;
+            Some((name.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn linked_and_dlopened_libraries_are_hooked_with_lib() {
+    let dir = TempDir::new("libs");
+    build(dir.path());
+    let plugin = dir.join("libplugin.so");
+    let inv = Invocation::new(dir.join("dlopen_main"), dir.path()).args(&[path_str(&plugin)]);
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let trace = dir.join("trace");
+    let mut cmd = Command::new(fnscope());
+    cmd.args(["record", "--lib", "libplugin", "--lib", "liblinked", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(dir.join("dlopen_main"))
+        .arg(&plugin)
+        .current_dir(dir.path());
+    let traced = run(&mut cmd, b"", std::time::Duration::from_secs(120));
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let stats = report(&trace).expect("report");
+    let module_of = |name: &str| match name {
+        "plugin_square" | "plugin_sum" => "libplugin.so",
+        "linked_twice" => "liblinked.so",
+        _ => "dlopen_main",
+    };
+    let counts = own_counts(&native.stderr);
+    assert_eq!(counts.len(), 4, "the program prints four counts: {}", native.stderr);
+    for (name, n) in counts {
+        assert_eq!(calls_of(&stats, module_of(&name), &name), (n, 1), "calls of {name}");
+    }
+}
+
+#[test]
+fn libraries_are_left_alone_without_lib() {
+    let dir = TempDir::new("nolibs");
+    build(dir.path());
+    let plugin = dir.join("libplugin.so");
+    let inv = Invocation::new(dir.join("dlopen_main"), dir.path()).args(&[path_str(&plugin)]);
+    let native = inv.run_native();
+    let traced = inv.run_recorded(&dir.join("trace"));
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let per_module = calls_per_module(&report(&dir.join("trace")).expect("report"));
+    assert!(per_module.contains_key("dlopen_main"), "{per_module:?}");
+    assert!(!per_module.contains_key("libplugin.so") && !per_module.contains_key("liblinked.so"), "{per_module:?}");
+}
