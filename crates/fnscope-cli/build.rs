@@ -28,12 +28,21 @@ fn main() {
     // The agent runs inside other programs: always optimised, whatever profile builds the CLI.
     cmd.arg("--release");
     cmd.env_remove("CARGO_TARGET_DIR").env_remove("RUSTC_WORKSPACE_WRAPPER");
+    // Symbols stay (profilers and debuggers name the stubs), debug info goes: the library is
+    // embedded in the binary and written out on first use.
+    cmd.env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
     if let Ok(flags) = env::var("CARGO_ENCODED_RUSTFLAGS") {
         cmd.env("CARGO_ENCODED_RUSTFLAGS", flags);
     }
     let status = cmd.status().expect("cannot run cargo to build the fnscope agent");
     assert!(status.success(), "building the fnscope agent failed");
     let built = target_dir.join("release").join("libfnscope_agent.so");
-    std::fs::copy(&built, out.join("libfnscope_agent.so"))
-        .unwrap_or_else(|e| panic!("cannot copy {}: {e}", built.display()));
+    let bytes = std::fs::read(&built).unwrap_or_else(|e| panic!("cannot read {}: {e}", built.display()));
+    std::fs::write(out.join("libfnscope_agent.so"), &bytes)
+        .unwrap_or_else(|e| panic!("cannot write the agent to {}: {e}", out.display()));
+    // The name the agent is extracted under changes with its contents; hashing here keeps
+    // that work out of every `fnscope record`.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&bytes[..], &mut h);
+    println!("cargo:rustc-env=FNSCOPE_AGENT_HASH={:016x}", std::hash::Hasher::finish(&h));
 }

@@ -33,7 +33,7 @@ pub const REGION_VERSION: u32 = 1;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
 /// Default chunk size (header included).
-pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 18;
+pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 16;
 
 /// First page of the shared region.
 #[repr(C)]

@@ -107,7 +107,7 @@ pub struct Taken {
 }
 
 /// Takes a free chunk for thread `tid` of process `pid`, waiting (about two seconds at most)
-/// for the recorder to free one. `None` if none became free: the caller counts the records
+/// for the recorder to free one while it has full ones to copy. `None` if none became free: the caller counts the records
 /// it drops.
 pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
     if !attached() {
@@ -138,7 +138,10 @@ pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
                 return Some(Taken { chunk: c, start: s, end: s + (capacity() * RECORD_SIZE) as u64 });
             }
         }
-        if (crate::stubs::tsc().wrapping_sub(deadline) as i64) > 0 {
+        // Waiting only helps when the recorder has full chunks to free; when every chunk is
+        // held by a live thread, the record is dropped (and counted) at once.
+        let any_full = (0..n).any(|i| state_of(chunk(i)).load(Ordering::Relaxed) == CHUNK_FULL);
+        if !any_full || (crate::stubs::tsc().wrapping_sub(deadline) as i64) > 0 {
             return None;
         }
         sys::sched_yield();

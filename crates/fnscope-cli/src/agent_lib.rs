@@ -1,7 +1,6 @@
 //! The agent library embedded in the `fnscope` binary, written out once to a cache folder.
 
 use anyhow::{Context, Result};
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 
 static AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libfnscope_agent.so"));
@@ -13,9 +12,7 @@ pub fn path() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("FNSCOPE_AGENT") {
         return Ok(PathBuf::from(p));
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    AGENT.hash(&mut h);
-    let name = format!("libfnscope_agent-{:016x}.so", h.finish());
+    let name = format!("libfnscope_agent-{}.so", env!("FNSCOPE_AGENT_HASH"));
     let mut dirs = Vec::new();
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
         dirs.push(PathBuf::from(x).join("fnscope"));

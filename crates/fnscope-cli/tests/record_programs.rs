@@ -423,6 +423,11 @@ fn threads() {
 }
 
 #[test]
+fn three_hundred_threads_at_once() {
+    check_case(&Case::new("many_threads.c", "many_threads"));
+}
+
+#[test]
 fn recursion() {
     // Every level a real call; deep() nests 100000 hooked calls.
     check_case(&Case {
