@@ -8,7 +8,7 @@
 #include "counts.h"
 
 #define THREADS 300
-#define CALLS 1000
+#define PER_THREAD 1000
 
 COUNTER(step);
 COUNTER(worker);
@@ -27,7 +27,7 @@ NOINLINE static void *worker(void *arg)
     HIT(worker);
     pthread_barrier_wait(&start);
     long x = (long)arg;
-    for (int i = 0; i < CALLS; i++)
+    for (int i = 0; i < PER_THREAD; i++)
         x = step(x) & 0xffff;
     sink += x;
     return NULL;
