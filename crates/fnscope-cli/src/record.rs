@@ -237,21 +237,28 @@ impl Recorder {
         Ok(())
     }
 
-    /// Copies every FULL chunk. Returns how many.
+    /// Copies every FULL chunk, each thread's in stream order (the region's order is not
+    /// the threads'). Returns how many.
     fn drain(&mut self) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
         self.images_checked = false;
-        let mut n = 0;
+        let mut full = Vec::new();
         for i in 0..self.region.nchunks {
             if self.region.state(i).load(Ordering::Acquire) == CHUNK_FULL {
-                // SAFETY: FULL: the writer published nrec before the release store.
-                let nrec = unsafe { (*self.region.chunk(i)).nrec } as usize;
-                self.take(i, nrec, 0)?;
-                n += 1;
+                // SAFETY: FULL: the writer published the header before the release store.
+                let (sid, pid, tid, seq, nrec) = unsafe {
+                    let c = &*self.region.chunk(i);
+                    (c.image_sid, c.pid, c.tid, c.seq, c.nrec)
+                };
+                full.push((sid, pid, tid, seq, i, nrec));
             }
         }
-        Ok(n)
+        full.sort_unstable();
+        for &(_, _, _, _, i, nrec) in &full {
+            self.take(i, nrec as usize, 0)?;
+        }
+        Ok(full.len())
     }
 
     /// Copies chunks still owned by writers that are gone (all of them when `all`), in
@@ -263,16 +270,16 @@ impl Recorder {
                 continue;
             }
             // SAFETY: reading the header of an owned chunk.
-            let (pid, tid, seq) = unsafe {
+            let (sid, pid, tid, seq) = unsafe {
                 let c = &*self.region.chunk(i);
-                (c.pid, c.tid, c.seq)
+                (c.image_sid, c.pid, c.tid, c.seq)
             };
             if all || !process_alive(pid) {
-                gone.push((pid, tid, seq, i));
+                gone.push((sid, pid, tid, seq, i));
             }
         }
-        gone.sort();
-        for (_, _, _, i) in gone {
+        gone.sort_unstable();
+        for (_, _, _, _, i) in gone {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
             self.take(i, n, CHUNK_FLAG_ABANDONED)?;

@@ -41,6 +41,8 @@ pub const KIND_EVENTS: u32 = 3;
 pub const KIND_END: u32 = 4;
 /// Chunk kind: call counts of one thread (count mode).
 pub const KIND_COUNTS: u32 = 5;
+/// Chunk kind: per-function totals of one module over several runs (merged traces).
+pub const KIND_SUMMARY: u32 = 6;
 
 /// Largest payload a reader accepts; bigger lengths can only come from damage.
 const MAX_PAYLOAD: u32 = 1 << 30;
@@ -65,8 +67,84 @@ pub struct Meta {
     pub host: String,
     /// Version of the fnscope that recorded.
     pub fnscope_version: String,
-    /// Recording mode, `"time"` for paired entry/exit records.
+    /// Recording mode: `"time"` for paired entry/exit records, `"count"` for call counts
+    /// only, `"merged"` for a trace made by `fnscope merge` out of several runs.
     pub mode: String,
+}
+
+/// The META JSON of a merged trace: [`Meta`] plus the list of runs it was made of.
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct MergedMeta {
+    #[serde(flatten)]
+    meta: Meta,
+    runs: Vec<RunInfo>,
+}
+
+/// One recorded run that went into a merged trace (listed in the `runs` array of its META).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct RunInfo {
+    /// The trace it was read from, as named to `fnscope merge`.
+    pub trace: String,
+    /// Command line of the traced program.
+    pub command: Vec<String>,
+    /// Host name.
+    pub host: String,
+    /// Wall-clock start of the recording, in ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Recording mode of the run: `"time"` or `"count"`.
+    pub mode: String,
+}
+
+/// Per-function totals of one module over the runs of a merged trace: the payload of a
+/// SUMMARY chunk.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct ModuleSummary {
+    /// Path of the module file.
+    pub path: String,
+    /// GNU build-id in hex, when the module has one.
+    pub build_id: Option<String>,
+    /// Every function of the module that some run listed, hooked or not.
+    pub functions: Vec<FunctionSummary>,
+}
+
+/// One function's totals over the runs of a merged trace. Calls come from every run;
+/// times only from the runs that recorded them (`timed_calls` of the calls).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(default)]
+pub struct FunctionSummary {
+    /// Link-time address in the module.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Symbol name as found in the ELF file (mangled), `sub_<hex address>` when unnamed.
+    pub name: String,
+    /// Whether some run hooked the function; when false, `reason` says why none could.
+    pub hooked: bool,
+    /// One of the `fnscope_abi::skip_reason` codes; empty when hooked.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Specifics of `reason`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    /// Calls, summed over the runs.
+    pub calls: u64,
+    /// Fewest calls in one run (0 when some run did not call it).
+    pub calls_min: u64,
+    /// Most calls in one run.
+    pub calls_max: u64,
+    /// Calls made in the runs that recorded times: the divisor of the average call time.
+    pub timed_calls: u64,
+    /// Summed duration of the timed calls, in ns.
+    pub total_ns: u64,
+    /// Summed self time of the timed calls, in ns.
+    pub self_ns: u64,
+    /// Shortest timed call, in ns (0 without timed calls).
+    pub min_ns: u64,
+    /// Longest timed call, in ns.
+    pub max_ns: u64,
 }
 
 /// How the run ended; the last chunk of a complete trace.
@@ -126,6 +204,8 @@ pub enum Chunk {
     End(EndInfo),
     /// Call counts (count mode).
     Counts(CountsSegment),
+    /// Per-function totals of one module (merged traces).
+    Summary(ModuleSummary),
 }
 
 /// Call counts of one thread of one process image (count mode): `counts[id]` is how many
@@ -150,7 +230,7 @@ const MAX_COUNTS: u32 = 1 << 26;
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     /// The operating system refused a file operation.
-    #[error("cannot {action} {}: {source}", path.display())]
+    #[error("cannot {action} {}", path.display())]
     Io {
         /// What was being done ("open", "read", "write", ...).
         action: &'static str,
@@ -289,6 +369,17 @@ impl TraceWriter {
         self.chunk(KIND_META)
     }
 
+    /// Writes the META chunk of a merged trace: `m` plus the runs it was made of.
+    pub fn write_merged_meta(&mut self, m: &Meta, runs: &[RunInfo]) -> Result<(), FormatError> {
+        self.payload.clear();
+        let mm = MergedMeta {
+            meta: m.clone(),
+            runs: runs.to_vec(),
+        };
+        serde_json::to_writer(&mut self.payload, &mm).expect("Meta serializes");
+        self.chunk(KIND_META)
+    }
+
     /// Writes an IMAGE chunk holding `table_text` (the agent's `images/<sid>.txt`) verbatim.
     pub fn write_image(&mut self, sid: u32, table_text: &str) -> Result<(), FormatError> {
         self.payload.clear();
@@ -365,6 +456,19 @@ impl TraceWriter {
         self.chunk(KIND_COUNTS)
     }
 
+    /// Writes a SUMMARY chunk: `s` as JSON in one zstd frame.
+    pub fn write_summary(&mut self, s: &ModuleSummary) -> Result<(), FormatError> {
+        self.columns.clear();
+        serde_json::to_writer(&mut self.columns, s).expect("ModuleSummary serializes");
+        self.payload.clear();
+        self.payload
+            .reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
+        self.zstd
+            .compress_to_buffer(&self.columns, &mut self.payload)
+            .map_err(io_err("compress the summary for", &self.path))?;
+        self.chunk(KIND_SUMMARY)
+    }
+
     /// Writes the END chunk; a trace without it is reported as truncated.
     pub fn write_end(&mut self, e: &EndInfo) -> Result<(), FormatError> {
         self.payload.clear();
@@ -401,6 +505,7 @@ pub struct TraceReader {
     truncated: bool,
     seen_end: bool,
     skip_events: bool,
+    runs: Vec<RunInfo>,
     payload: Vec<u8>,
     columns: Vec<u8>,
     unzstd: zstd::bulk::Decompressor<'static>,
@@ -472,6 +577,7 @@ impl TraceReader {
             truncated: false,
             seen_end: false,
             skip_events: false,
+            runs: Vec::new(),
             payload: Vec::new(),
             columns: Vec::new(),
             unzstd,
@@ -486,6 +592,12 @@ impl TraceReader {
     /// Offset of the next chunk, i.e. bytes consumed so far.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// The runs that the META chunk read so far lists: those a merged trace was made of,
+    /// empty for a recorded trace.
+    pub fn runs(&self) -> &[RunInfo] {
+        &self.runs
     }
 
     /// When `skip` is true, EVENTS chunks are passed over without being read or checked:
@@ -582,10 +694,12 @@ impl TraceReader {
         }
         let p = &self.payload;
         let chunk = match kind {
-            KIND_META => Chunk::Meta(
-                serde_json::from_slice(p)
-                    .map_err(|e| self.corrupt(at, format!("bad META: {e}")))?,
-            ),
+            KIND_META => {
+                let mm: MergedMeta = serde_json::from_slice(p)
+                    .map_err(|e| self.corrupt(at, format!("bad META: {e}")))?;
+                self.runs = mm.runs;
+                Chunk::Meta(mm.meta)
+            }
             KIND_END => {
                 self.seen_end = true;
                 Chunk::End(
@@ -607,6 +721,7 @@ impl TraceReader {
             }
             KIND_EVENTS => Chunk::Events(self.decode_events(at)?),
             KIND_COUNTS => Chunk::Counts(self.decode_counts(at)?),
+            KIND_SUMMARY => Chunk::Summary(self.decode_summary(at)?),
             _ => return Ok(None),
         };
         Ok(Some(chunk))
@@ -629,6 +744,27 @@ impl TraceReader {
         }
         let counts = self.columns.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
         Ok(CountsSegment { sid, pid, tid, counts })
+    }
+
+    fn decode_summary(&mut self, at: u64) -> Result<ModuleSummary, FormatError> {
+        let frame = &self.payload[..];
+        // The frame states its decoded size; `MAX_PAYLOAD` caps what damage can make us
+        // allocate.
+        let want = match zstd::zstd_safe::get_frame_content_size(frame) {
+            Ok(Some(n)) if n <= MAX_PAYLOAD as u64 => n as usize,
+            _ => return Err(self.corrupt(at, "SUMMARY chunk is not a zstd frame of known size")),
+        };
+        self.columns.clear();
+        self.columns.reserve(want);
+        if self
+            .unzstd
+            .decompress_to_buffer(frame, &mut self.columns)
+            .is_err()
+        {
+            return Err(self.corrupt(at, "summary does not decompress"));
+        }
+        serde_json::from_slice(&self.columns)
+            .map_err(|e| self.corrupt(at, format!("bad SUMMARY: {e}")))
     }
 
     fn decode_events(&mut self, at: u64) -> Result<ThreadSegment, FormatError> {
