@@ -149,8 +149,11 @@ pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
 }
 
 /// Hands a chunk holding `nrec` records to the recorder.
-pub fn publish(c: *mut ChunkHeader, nrec: u32, flags: u32) {
-    // SAFETY: the calling thread owns `c`; the release store below publishes these fields.
+///
+/// # Safety
+/// `c` must be a chunk of the region that the calling thread owns.
+pub unsafe fn publish(c: *mut ChunkHeader, nrec: u32, flags: u32) {
+    // SAFETY: per the caller's guarantee; the release store below publishes these fields.
     unsafe {
         (*c).nrec = nrec;
         (*c).flags |= flags;
@@ -186,6 +189,7 @@ pub fn abandon_previous_images(pid: u32) {
         let recs = (c as usize + fnscope_abi::CHUNK_HEADER_SIZE) as *const Record;
         // SAFETY: the record area holds `cap` records inside the chunk.
         let n = (0..cap).take_while(|&k| unsafe { (*recs.add(k)).is_present() }).count();
-        publish(c, n as u32, CHUNK_FLAG_ABANDONED);
+        // SAFETY: the chunk's owner is gone (see above); publishing it is ours to do.
+        unsafe { publish(c, n as u32, CHUNK_FLAG_ABANDONED) };
     }
 }

@@ -36,6 +36,10 @@ pub struct ThreadState {
     pub in_slow: u32,
     /// Non-zero once the thread (or process) is finishing: records are dropped.
     pub exited: u32,
+    /// The thread's own stack, `[stack_lo, stack_hi)` (0, 0 if unknown).
+    pub stack_lo: u64,
+    /// See `stack_lo`.
+    pub stack_hi: u64,
     /// Number of exceptions in `inflight`.
     pub unwinding: u32,
     /// Exception objects being unwound through restored frames (the frames are re-armed
@@ -98,6 +102,8 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     tid: 0,
     in_slow: 0,
     exited: 1,
+    stack_lo: 0,
+    stack_hi: 0,
     unwinding: 0,
     inflight: [0; MAX_INFLIGHT],
 }));
@@ -132,7 +138,7 @@ pub fn install_process_hooks() {
 /// state pointer of its own there).
 pub fn register_exit() {
     // SAFETY: KEY was created at start-up; any non-null value makes the destructor run.
-    unsafe { libc::pthread_setspecific(KEY, 1 as *const libc::c_void) };
+    unsafe { libc::pthread_setspecific(KEY, core::ptr::dangling::<libc::c_void>()) };
 }
 
 /// First hooked call of a thread: sets up its state. Called by the entry stub.
@@ -158,8 +164,32 @@ extern "C" fn fnscope_thread_init() {
         (*st).ss_limit = base + SHADOW_BYTES as u64;
         (*st).pid = sys::getpid();
         (*st).tid = sys::gettid();
+        let (lo, hi) = own_stack();
+        (*st).stack_lo = lo;
+        (*st).stack_hi = hi;
         libc::pthread_setspecific(KEY, st as *const libc::c_void);
         stubs::fnscope_tls_set(st);
+    }
+}
+
+/// Bounds of the calling thread's stack, or (0, 0).
+fn own_stack() -> (u64, u64) {
+    // SAFETY: a zeroed attr is valid input for pthread_getattr_np, which fills it; it is
+    // destroyed after use. Called from the thread-start slow path with tracing disabled.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return (0, 0);
+        }
+        let mut addr: *mut libc::c_void = core::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if ok {
+            (addr as u64, addr as u64 + size as u64)
+        } else {
+            (0, 0)
+        }
     }
 }
 
@@ -258,10 +288,12 @@ pub fn restart_stream() {
         if (*st).exited != 0 || (*st).in_slow != 0 {
             return;
         }
+        let mask = sys::block_signals();
         write_volatile(addr_of_mut!((*st).in_slow), 1);
         write_volatile(addr_of_mut!((*st).buf_end), 0);
         publish_all(st, 0);
         write_volatile(addr_of_mut!((*st).in_slow), 0);
+        sys::restore_signals(mask);
     }
 }
 
@@ -275,9 +307,13 @@ extern "C" fn fnscope_buffer_full(st: *mut ThreadState) -> u32 {
             (*st).lost += 1;
             return 1;
         }
+        // Signals stay blocked until `in_slow` is clear again: one that arrived meanwhile is
+        // delivered as the mask is restored, and its records must find a usable chunk.
+        let mask = sys::block_signals();
         write_volatile(addr_of_mut!((*st).in_slow), 1);
         let ok = refill(st);
         write_volatile(addr_of_mut!((*st).in_slow), 0);
+        sys::restore_signals(mask);
         if ok {
             0
         } else {
@@ -290,15 +326,13 @@ extern "C" fn fnscope_buffer_full(st: *mut ThreadState) -> u32 {
 /// Publishes the current chunk (if any) and takes a new one.
 ///
 /// # Safety
-/// `st` must be the calling thread's state, with `in_slow` set.
+/// `st` must be the calling thread's state, with `in_slow` set and signals blocked, so that
+/// a handler's records never meet a half-swapped state.
 unsafe fn refill(st: *mut ThreadState) -> bool {
-    // Signals stay blocked while the chunks change hands, so that a handler's records never
-    // meet a half-swapped state (they would have to be dropped); they run right after.
-    let old = sys::block_signals();
     // SAFETY: per the caller's guarantee. The chunk just filled is published one swap later:
     // a signal handler that filled it may have interrupted an exit stub between reserving its
     // slot and writing it, and that write must land before the recorder reads the chunk.
-    let ok = unsafe {
+    unsafe {
         write_volatile(addr_of_mut!((*st).buf_end), 0);
         let c = (*st).chunk;
         if !c.is_null() {
@@ -324,9 +358,7 @@ unsafe fn refill(st: *mut ThreadState) -> bool {
             }
             None => false,
         }
-    };
-    sys::restore_signals(old);
-    ok
+    }
 }
 
 /// Writes one record from Rust (slow paths), taking a new chunk if needed.
@@ -342,10 +374,12 @@ unsafe fn emit(st: *mut ThreadState, rec: Record) {
         }
         let mut ptr = read_volatile(addr_of_mut!((*st).buf_ptr));
         if ptr + RECORD_SIZE as u64 > read_volatile(addr_of_mut!((*st).buf_end)) {
+            let mask = sys::block_signals();
             let prev = read_volatile(addr_of_mut!((*st).in_slow));
             write_volatile(addr_of_mut!((*st).in_slow), 1);
             let ok = refill(st);
             write_volatile(addr_of_mut!((*st).in_slow), prev);
+            sys::restore_signals(mask);
             if !ok {
                 (*st).lost += 1;
                 return;
@@ -375,34 +409,77 @@ unsafe fn pop_unwound(st: *mut ThreadState, now: u64) {
     }
 }
 
+/// Pops, as calls that did not return normally, the top entries whose return-address slot
+/// is below `limit`: their frames are gone.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn pop_below(st: *mut ThreadState, limit: u64, now: u64) {
+    // SAFETY: per the caller's guarantee; the top entry exists whenever top > base.
+    unsafe {
+        loop {
+            let top = read_volatile(addr_of_mut!((*st).ss_top));
+            if top <= (*st).ss_base || (*((top - 32) as *const ShadowEntry)).slot >= limit {
+                break;
+            }
+            pop_unwound(st, now);
+        }
+    }
+}
+
 fn fatal(msg: &[u8]) -> ! {
     sys::write_stderr(msg);
     // SAFETY: abort never returns; nothing else is sound once a return address is lost.
     unsafe { libc::abort() }
 }
 
-/// The exit stub found that the top shadow entry is not this frame's: frames above it were
-/// left without returning (longjmp, an exception caught without the unwinder hooks). Pops
-/// them as unwound calls. `rsp` is the exit stub's return-address slot.
+/// The exit stub found that the top shadow entry is not this frame's. Either frames above
+/// it were left without returning (`longjmp`, an exception caught without the unwinder
+/// hooks), or the program switches stacks (coroutines: `swapcontext`, hand-written
+/// switches), so entries of several stacks interleave. `rsp` is the exit stub's
+/// return-address slot.
+///
+/// The newest entry for this slot is moved to the top, for the stub to pop. Entries above it
+/// are dead when both they and `rsp` lie on the thread's own stack below `rsp` (frames a
+/// `longjmp` skipped): they are recorded as unwound. Entries on other stacks belong to
+/// suspended coroutines and are kept, in order.
 #[no_mangle]
 extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
     let now = stubs::tsc();
-    // SAFETY: the exit stub passes this thread's state.
+    // SAFETY: the exit stub passes this thread's state; entries between `ss_base` and
+    // `ss_top` are initialised. A signal handler running meanwhile pushes and pops at
+    // `ss_top`, above every entry touched here, which only move down.
     unsafe {
+        let base = (*st).ss_base;
+        let top = read_volatile(addr_of_mut!((*st).ss_top));
+        let mut k = top;
         loop {
-            let top = read_volatile(addr_of_mut!((*st).ss_top));
-            if top <= (*st).ss_base {
+            if k <= base {
                 fatal(b"fnscope: a hooked function returned but its return address is not on the shadow stack; aborting (please report this program)\n");
             }
-            let e = (top - 32) as *const ShadowEntry;
-            if (*e).slot == rsp {
-                return;
+            k -= 32;
+            if (*(k as *const ShadowEntry)).slot == rsp {
+                break;
             }
-            if (*e).slot > rsp {
-                fatal(b"fnscope: shadow stack out of order (stack switching?); aborting (please report this program)\n");
-            }
-            pop_unwound(st, now);
         }
+        let matched = core::ptr::read(k as *const ShadowEntry);
+        let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
+        let on_stack = |a: u64| a >= lo && a < hi;
+        let mut w = k;
+        let mut r = k + 32;
+        while r < top {
+            let e = core::ptr::read(r as *const ShadowEntry);
+            if e.slot < rsp && on_stack(rsp) && on_stack(e.slot) {
+                let depth = ((r - base) / 32) as u32;
+                emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
+            } else {
+                core::ptr::write(w as *mut ShadowEntry, e);
+                w += 32;
+            }
+            r += 32;
+        }
+        core::ptr::write(w as *mut ShadowEntry, matched);
+        write_volatile(addr_of_mut!((*st).ss_top), w + 32);
     }
 }
 
@@ -428,9 +505,7 @@ pub fn unwind_begins(rsp: u64, exception: u64) {
             }
             (*st).unwinding += 1;
         }
-        while (*st).ss_top > (*st).ss_base && (*((((*st).ss_top) - 32) as *const ShadowEntry)).slot < rsp {
-            pop_unwound(st, now);
-        }
+        pop_below(st, rsp, now);
         let exit = stubs::fnscope_exit as *const () as u64;
         let mut p = (*st).ss_top;
         while p > (*st).ss_base {
@@ -467,9 +542,7 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
             return;
         }
         let now = stubs::tsc();
-        while (*st).ss_top > (*st).ss_base && (*((((*st).ss_top) - 32) as *const ShadowEntry)).slot < caller_rsp {
-            pop_unwound(st, now);
-        }
+        pop_below(st, caller_rsp, now);
         let exit = stubs::fnscope_exit as *const () as u64;
         let mut p = (*st).ss_top;
         while p > (*st).ss_base {

@@ -1,8 +1,9 @@
 //! A summary of a recording: what ran, what was hooked, what was recorded.
 
+use crate::profile::MODE_MERGED;
 use crate::report::{aggregate, ThreadStats};
 use crate::{format_duration, AnalysisError};
-use fnscope_format::{EndInfo, Meta, ModuleEntry};
+use fnscope_format::{EndInfo, Meta, ModuleEntry, RunInfo};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -39,11 +40,14 @@ pub struct Info {
     pub threads: Vec<ThreadStats>,
     /// Process images that loaded the agent.
     pub images: Vec<ImageInfo>,
-    /// Functions hooked, summed over images.
+    /// Functions hooked, summed over images (for a merged trace: hooked in some run).
     pub functions_hooked: u64,
+    /// The runs a merged trace was made of (empty for a recorded trace).
+    pub runs: Vec<RunInfo>,
     /// Functions skipped per reason code, summed over images.
     pub skipped_by_reason: BTreeMap<String, u64>,
-    /// Calls recorded.
+    /// Calls recorded (time mode) or counted (count mode; summed over the runs of a merged
+    /// trace).
     pub calls: u64,
     /// Records lost because the shared buffer was full.
     pub lost_records: u64,
@@ -83,11 +87,23 @@ pub fn info(path: &Path) -> Result<Info, AnalysisError> {
         processes.extend(&e.processes);
     }
     let seg_lost: u64 = threads.iter().map(|t| t.lost).sum();
+    let summarised = trace.summaries.iter().flat_map(|m| &m.functions);
+    let mut functions_hooked: u64 = images.iter().map(|i| i.functions_hooked).sum();
+    for f in summarised.clone() {
+        if f.hooked {
+            functions_hooked += 1;
+        } else {
+            *skipped_by_reason.entry(f.reason.clone()).or_insert(0) += 1;
+        }
+    }
+    let counted: u64 = trace.counts.iter().flat_map(|c| &c.counts).sum();
+    let summed: u64 = summarised.map(|f| f.calls).sum();
     Ok(Info {
         processes: processes.into_iter().collect(),
-        functions_hooked: images.iter().map(|i| i.functions_hooked).sum(),
+        functions_hooked,
+        runs: trace.runs.clone(),
         skipped_by_reason,
-        calls: trace.records,
+        calls: trace.records + counted + summed,
         lost_records: seg_lost.max(trace.end.as_ref().map_or(0, |e| e.lost_records)),
         trace_bytes: trace.bytes,
         duration_ns: trace
@@ -131,6 +147,63 @@ fn wall(ns: u64) -> String {
 pub fn render_info_text(i: &Info) -> String {
     let mut o = String::new();
     let m = &i.meta;
+    if m.mode == MODE_MERGED {
+        let _ = writeln!(o, "merged by:        fnscope {}", m.fnscope_version);
+        let _ = writeln!(o, "runs:             {}", i.runs.len());
+        for r in &i.runs {
+            let _ = writeln!(
+                o,
+                "  {} ({} mode, {} on {}): {}",
+                r.trace,
+                r.mode,
+                wall(r.start_unix_ns),
+                if r.host.is_empty() { "?" } else { &r.host },
+                r.command.join(" ")
+            );
+        }
+    } else {
+        run_lines(&mut o, i);
+    }
+    let pids: Vec<String> = i.processes.iter().map(u32::to_string).collect();
+    if !pids.is_empty() {
+        let _ = writeln!(o, "processes:        {}", pids.join(" "));
+    }
+    let verb = match m.mode.as_str() {
+        "count" => "counted",
+        MODE_MERGED => "(all runs)",
+        _ => "recorded",
+    };
+    let _ = writeln!(o, "{:<18}{}", format!("calls {verb}:"), i.calls);
+    let _ = writeln!(o, "records lost:     {}", i.lost_records);
+    let _ = writeln!(o, "trace size:       {} bytes", i.trace_bytes);
+    let _ = writeln!(
+        o,
+        "complete:         {}",
+        if i.truncated {
+            "no, the trace ended abruptly"
+        } else {
+            "yes"
+        }
+    );
+    let _ = writeln!(o, "functions hooked: {}", i.functions_hooked);
+    let skipped: u64 = i.skipped_by_reason.values().sum();
+    let _ = writeln!(o, "functions skipped: {skipped}");
+    for (reason, n) in &i.skipped_by_reason {
+        let _ = writeln!(o, "  {reason:<20} {n}");
+    }
+    if m.mode == MODE_MERGED {
+        for w in &i.warnings {
+            let _ = writeln!(o, "warning: {w}");
+        }
+        return o;
+    }
+    images_and_threads(&mut o, i);
+    o
+}
+
+/// What ran, and its start, end and outcome, for a recorded run.
+fn run_lines(o: &mut String, i: &Info) {
+    let m = &i.meta;
     let _ = writeln!(o, "command:          {}", m.command.join(" "));
     let _ = writeln!(o, "directory:        {}", m.cwd);
     let _ = writeln!(o, "host:             {}", m.host);
@@ -165,26 +238,10 @@ pub fn render_info_text(i: &Info) -> String {
     if let Some(d) = i.duration_ns {
         let _ = writeln!(o, "duration:         {}", format_duration(d));
     }
-    let pids: Vec<String> = i.processes.iter().map(u32::to_string).collect();
-    let _ = writeln!(o, "processes:        {}", pids.join(" "));
-    let _ = writeln!(o, "calls recorded:   {}", i.calls);
-    let _ = writeln!(o, "records lost:     {}", i.lost_records);
-    let _ = writeln!(o, "trace size:       {} bytes", i.trace_bytes);
-    let _ = writeln!(
-        o,
-        "complete:         {}",
-        if i.truncated {
-            "no, the trace ended abruptly"
-        } else {
-            "yes"
-        }
-    );
-    let _ = writeln!(o, "functions hooked: {}", i.functions_hooked);
-    let skipped: u64 = i.skipped_by_reason.values().sum();
-    let _ = writeln!(o, "functions skipped: {skipped}");
-    for (reason, n) in &i.skipped_by_reason {
-        let _ = writeln!(o, "  {reason:<20} {n}");
-    }
+}
+
+/// The images with their modules, and the threads, of a recorded run.
+fn images_and_threads(o: &mut String, i: &Info) {
     let _ = writeln!(o, "images:");
     for im in &i.images {
         let _ = writeln!(
@@ -223,7 +280,6 @@ pub fn render_info_text(i: &Info) -> String {
     for w in &i.warnings {
         let _ = writeln!(o, "warning: {w}");
     }
-    o
 }
 
 #[cfg(test)]

@@ -7,18 +7,35 @@
 
 #![warn(missing_docs)]
 
+mod coverage;
+mod coverage_html;
+mod diff;
 mod info;
 mod names;
+mod pdb;
+mod profile;
 mod replay;
 mod report;
 
+pub use coverage::{
+    coverage, coverage_json, render_coverage_text, Coverage, CoveredFunction, FileCoverage,
+    FunctionStatus, ModuleCoverage, Sources,
+};
+pub use coverage_html::write_coverage_html;
+pub use diff::{diff, diff_json, render_diff_text, sort_diff, Diff, FuncDiff};
 pub use info::{info, render_info_text, ImageInfo, Info};
+pub use pdb::{pdb_functions, PdbFunction};
+pub use profile::{combine, load_all, Profile, MODE_MERGED};
 pub use replay::{replay_lines, replay_tree};
 pub use report::{
-    render_report_text, report, report_json, sort, FuncStats, Report, SortKey, ThreadStats,
+    by_module, render_by_module_text, render_report_text, report, report_by_module_json,
+    report_json, report_of, sort, FuncStats, ModuleStats, Report, SortKey, ThreadStats,
 };
 
-use fnscope_format::{Chunk, CountsSegment, EndInfo, FormatError, ImageTable, Meta, ThreadSegment, TraceReader};
+use fnscope_format::{
+    Chunk, CountsSegment, EndInfo, FormatError, ImageTable, Meta, ModuleSummary, RunInfo,
+    ThreadSegment, TraceReader,
+};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
@@ -32,6 +49,33 @@ pub enum AnalysisError {
     /// Writing the output failed (a closed pipe, a full disk).
     #[error("cannot write the output: {0}")]
     Output(#[source] io::Error),
+    /// A PDB file could not be read.
+    #[error("cannot read the PDB file {}: {msg}", path.display())]
+    Pdb {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// Runs to be combined hold different builds of one module.
+    #[error(
+        "{module} is not the same build in {run_a} (build-id {id_a}) and {run_b} (build-id \
+         {id_b}): functions of different builds cannot be matched by build-id. Add \
+         --match-by-name to match them by name (unnamed functions will not match), or \
+         combine runs of one build only"
+    )]
+    DifferentBuilds {
+        /// File name of the module.
+        module: String,
+        /// One input.
+        run_a: String,
+        /// A build-id found in `run_a` and not in `run_b`.
+        id_a: String,
+        /// The other input.
+        run_b: String,
+        /// A build-id found in `run_b` and not in `run_a`.
+        id_b: String,
+    },
 }
 
 /// What a pass over a trace has learnt so far.
@@ -55,6 +99,10 @@ pub struct Trace {
     pub warnings: Vec<String>,
     /// Call counts (count mode), in file order.
     pub counts: Vec<CountsSegment>,
+    /// Per-module totals of a merged trace.
+    pub summaries: Vec<ModuleSummary>,
+    /// The runs a merged trace was made of (empty for a recorded trace).
+    pub runs: Vec<RunInfo>,
 }
 
 impl Trace {
@@ -120,6 +168,7 @@ fn pass(
             Ok(None) => break,
             Ok(Some(Chunk::Meta(m))) => {
                 t.meta = m;
+                t.runs = r.runs().to_vec();
                 seen_meta = true;
             }
             Ok(Some(Chunk::Image { sid, table })) => {
@@ -132,6 +181,7 @@ fn pass(
             }
             Ok(Some(Chunk::End(e))) => t.end = Some(e),
             Ok(Some(Chunk::Counts(c))) => t.counts.push(c),
+            Ok(Some(Chunk::Summary(s))) => t.summaries.push(s),
             Err(e @ (FormatError::Corrupt { .. } | FormatError::BadImageTable { .. })) => {
                 t.truncated = true;
                 t.warnings.push(format!("stopped reading: {e}"));

@@ -1,6 +1,7 @@
 //! Per-function and per-thread statistics, computed in one streaming pass.
 
 use crate::names::Names;
+use crate::profile::{basename, Profile};
 use crate::{format_duration, scan, ticks_to_ns, AnalysisError, Trace};
 use fnscope_format::ThreadSegment;
 use serde_json::json;
@@ -20,8 +21,16 @@ pub struct FuncStats {
     pub module: String,
     /// Link-time address in the module.
     pub address: u64,
-    /// Completed calls (calls cut short by a longjmp/exception count too).
+    /// Completed calls (calls cut short by a longjmp/exception count too), summed over the
+    /// runs when several were combined.
     pub calls: u64,
+    /// Fewest calls in one run (0 if some run did not call it); `calls` for a single run.
+    pub calls_min: u64,
+    /// Most calls in one run; `calls` for a single run.
+    pub calls_max: u64,
+    /// Calls whose duration was recorded: 0 in count mode, `calls` in time mode, the calls
+    /// of the timed runs when count and time runs were combined.
+    pub timed_calls: u64,
     /// Sum of the calls' durations. Nested calls of a recursive function are each counted,
     /// so this can exceed the run time.
     pub total_ns: u64,
@@ -34,9 +43,9 @@ pub struct FuncStats {
 }
 
 impl FuncStats {
-    /// Average duration of a call.
+    /// Average duration of a timed call.
     pub fn avg_ns(&self) -> u64 {
-        self.total_ns.checked_div(self.calls).unwrap_or(0)
+        self.total_ns.checked_div(self.timed_calls).unwrap_or(0)
     }
 }
 
@@ -68,8 +77,12 @@ impl ThreadStats {
 /// The result of [`report`].
 #[derive(Clone, Debug, Default)]
 pub struct Report {
-    /// All functions that were called, sorted by total time.
+    /// All functions that were called, sorted by total time (by calls without times).
     pub functions: Vec<FuncStats>,
+    /// Runs the figures are summed over (1 for a recorded trace).
+    pub runs: u64,
+    /// Whether times were recorded (in at least one run); count mode gives calls only.
+    pub timed: bool,
     /// All threads that recorded calls, by pid and tid.
     pub threads: Vec<ThreadStats>,
     /// Functions per `(pid, tid)`, when asked for.
@@ -106,12 +119,12 @@ pub fn sort(funcs: &mut [FuncStats], key: SortKey) {
 
 /// Sums in TSC ticks; converted to ns once at the end, when the calibration is known.
 #[derive(Clone, Copy)]
-struct Agg {
-    calls: u64,
-    total: u64,
-    self_t: u64,
-    min: u64,
-    max: u64,
+pub(crate) struct Agg {
+    pub calls: u64,
+    pub total: u64,
+    pub self_t: u64,
+    pub min: u64,
+    pub max: u64,
 }
 
 impl Default for Agg {
@@ -135,7 +148,7 @@ impl Agg {
         self.max = self.max.max(dur);
     }
 
-    fn merge(&mut self, o: &Agg) {
+    pub fn merge(&mut self, o: &Agg) {
         self.calls += o.calls;
         self.total = self.total.saturating_add(o.total);
         self.self_t = self.self_t.saturating_add(o.self_t);
@@ -278,6 +291,13 @@ impl Aggregates {
         }
     }
 
+    /// Every function's counters: `(image sid, function id, counters)`.
+    pub fn function_aggs(&self) -> impl Iterator<Item = (u32, u32, &Agg)> {
+        self.per_sid
+            .iter()
+            .flat_map(|(&sid, ids)| ids.iter().map(move |(id, a)| (sid, id, a)))
+    }
+
     pub fn thread_stats(&self, t: &Trace) -> Vec<ThreadStats> {
         let mut v: Vec<ThreadStats> = self
             .threads
@@ -338,6 +358,9 @@ fn to_stats<'a>(
                 module: f.module.clone(),
                 address: f.address,
                 calls: a.calls,
+                calls_min: a.calls,
+                calls_max: a.calls,
+                timed_calls: a.calls,
                 total_ns: ticks_to_ns(a.total, tpn),
                 self_ns: ticks_to_ns(a.self_t, tpn),
                 min_ns: ticks_to_ns(a.min, tpn),
@@ -350,17 +373,14 @@ fn to_stats<'a>(
 }
 
 /// Hot functions and thread run times of a trace, in one streaming pass: memory grows with
-/// functions × threads, not with records.
+/// functions × threads, not with records. Count-mode traces give calls only; merged traces
+/// give the totals of their runs (and no threads).
 pub fn report(path: &Path, per_thread: bool) -> Result<Report, AnalysisError> {
     let (trace, agg) = aggregate(path, per_thread)?;
     let tpn = trace.ticks_per_ns();
-    let mut names = Names::new(trace.images.values());
-    let all = agg
-        .per_sid
-        .iter()
-        .flat_map(|(&sid, ids)| ids.iter().map(move |(id, a)| ((sid, id), a)));
-    let functions = to_stats(&mut names, all, tpn);
-    let per_thread = per_thread.then(|| {
+    let mut r = report_of(&Profile::from_trace(path, &trace, &agg));
+    r.per_thread = per_thread.then(|| {
+        let mut names = Names::new(trace.images.values());
         agg.threads
             .iter()
             .map(|(&k, th)| {
@@ -371,51 +391,134 @@ pub fn report(path: &Path, per_thread: bool) -> Result<Report, AnalysisError> {
             })
             .collect()
     });
-    let mut warnings = trace.warnings.clone();
     let lost: u64 = agg.threads.values().map(|t| t.lost).sum();
     let lost = lost.max(trace.end.as_ref().map_or(0, |e| e.lost_records));
     if lost > 0 {
-        warnings.push(format!(
+        r.warnings.push(format!(
             "{lost} records were lost because the shared buffer was full: those calls are \
              missing, and their callers' self times include them; record again with a bigger \
              buffer"
         ));
     }
-    Ok(Report {
-        functions,
-        threads: agg.thread_stats(&trace),
-        per_thread,
-        truncated: trace.truncated,
-        warnings,
-    })
+    r.threads = agg.thread_stats(&trace);
+    Ok(r)
 }
 
-fn function_table(out: &mut String, funcs: &[FuncStats], top: Option<usize>) {
-    let _ = writeln!(
-        out,
-        "  {:>11} {:>11} {:>10} {:>11} {:>11} {:>11}  Function",
-        "Total time", "Self time", "Calls", "Avg", "Min", "Max"
+/// The hot-function report of a profile (one run or several combined): every function
+/// that was called, without threads.
+pub fn report_of(p: &Profile) -> Report {
+    let mut functions = Vec::new();
+    for m in &p.modules {
+        let module = basename(&m.path);
+        for f in m.functions.iter().filter(|f| f.calls > 0) {
+            functions.push(FuncStats {
+                name: fnscope_symbols::demangle(&f.name),
+                raw_name: f.name.clone(),
+                module: module.to_string(),
+                address: f.address,
+                calls: f.calls,
+                calls_min: f.calls_min,
+                calls_max: f.calls_max,
+                timed_calls: f.timed_calls,
+                total_ns: f.total_ns,
+                self_ns: f.self_ns,
+                min_ns: f.min_ns,
+                max_ns: f.max_ns,
+            });
+        }
+    }
+    let timed = p.timed();
+    sort(
+        &mut functions,
+        if timed {
+            SortKey::Total
+        } else {
+            SortKey::Calls
+        },
     );
-    let rule = "=".repeat(11);
-    let _ = writeln!(
-        out,
-        "  {rule} {rule} {:>10} {rule} {rule} {rule}  {}",
-        "=".repeat(10),
-        "=".repeat(20)
-    );
+    Report {
+        functions,
+        runs: p.run_count(),
+        timed,
+        threads: Vec::new(),
+        per_thread: None,
+        truncated: p.truncated,
+        warnings: p.warnings.clone(),
+    }
+}
+
+/// Calls per run, as text: whole numbers plainly, fractions with two decimals.
+fn per_run(calls: u64, runs: u64) -> String {
+    if calls.is_multiple_of(runs.max(1)) {
+        (calls / runs.max(1)).to_string()
+    } else {
+        format!("{:.2}", calls as f64 / runs as f64)
+    }
+}
+
+/// Columns of a function table: times only when recorded, per-run figures only for
+/// several runs.
+fn function_table(
+    out: &mut String,
+    funcs: &[FuncStats],
+    top: Option<usize>,
+    runs: u64,
+    timed: bool,
+) {
+    let mut head = String::new();
+    let mut rule = String::new();
+    let col = |h: &mut String, r: &mut String, name: &str, w: usize| {
+        let _ = write!(h, " {name:>w$}");
+        let _ = write!(r, " {}", "=".repeat(w));
+    };
+    if timed {
+        for name in ["Total time", "Self time"] {
+            col(&mut head, &mut rule, name, 11);
+        }
+    }
+    col(&mut head, &mut rule, "Calls", 10);
+    if runs > 1 {
+        for name in ["Avg/run", "Min/run", "Max/run"] {
+            col(&mut head, &mut rule, name, 10);
+        }
+    }
+    if timed {
+        for name in ["Avg", "Min", "Max"] {
+            col(&mut head, &mut rule, name, 11);
+        }
+    }
+    let _ = writeln!(out, " {head}  Function");
+    let _ = writeln!(out, " {rule}  {}", "=".repeat(20));
     for f in funcs.iter().take(top.unwrap_or(usize::MAX)) {
-        let _ = writeln!(
-            out,
-            "  {:>11} {:>11} {:>10} {:>11} {:>11} {:>11}  {} ({})",
-            format_duration(f.total_ns),
-            format_duration(f.self_ns),
-            f.calls,
-            format_duration(f.avg_ns()),
-            format_duration(f.min_ns),
-            format_duration(f.max_ns),
-            f.name,
-            f.module
-        );
+        let mut line = String::new();
+        if timed {
+            let _ = write!(
+                line,
+                " {:>11} {:>11}",
+                format_duration(f.total_ns),
+                format_duration(f.self_ns)
+            );
+        }
+        let _ = write!(line, " {:>10}", f.calls);
+        if runs > 1 {
+            let _ = write!(
+                line,
+                " {:>10} {:>10} {:>10}",
+                per_run(f.calls, runs),
+                f.calls_min,
+                f.calls_max
+            );
+        }
+        if timed {
+            let _ = write!(
+                line,
+                " {:>11} {:>11} {:>11}",
+                format_duration(f.avg_ns()),
+                format_duration(f.min_ns),
+                format_duration(f.max_ns)
+            );
+        }
+        let _ = writeln!(out, " {line}  {} ({})", f.name, f.module);
     }
 }
 
@@ -426,7 +529,18 @@ pub fn render_report_text(r: &Report, top: Option<usize>, key: SortKey) -> Strin
     let mut out = String::new();
     let mut funcs = r.functions.clone();
     sort(&mut funcs, key);
-    function_table(&mut out, &funcs, top);
+    if r.runs > 1 {
+        let _ = writeln!(
+            out,
+            "  {} runs combined: Calls is their sum, Avg/run, Min/run and Max/run are per run; \
+             times cover the runs recorded in time mode\n",
+            r.runs
+        );
+    }
+    function_table(&mut out, &funcs, top, r.runs, r.timed);
+    if r.threads.is_empty() {
+        return out;
+    }
     let _ = writeln!(
         out,
         "\n  {:>8} {:>8} {:>12} {:>11} {:>10}",
@@ -453,29 +567,141 @@ pub fn render_report_text(r: &Report, top: Option<usize>, key: SortKey) -> Strin
             let mut funcs = funcs.clone();
             sort(&mut funcs, key);
             let _ = writeln!(out, "\n  Thread {tid} (process {pid})");
-            function_table(&mut out, &funcs, top);
+            function_table(&mut out, &funcs, top, 1, true);
         }
     }
     out
 }
 
+/// A JSON number: an integer when `v` is whole, so that single runs print `3`, not `3.0`.
+pub(crate) fn json_num(v: f64) -> serde_json::Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        json!(v as i64)
+    } else {
+        json!(v)
+    }
+}
+
+fn function_json(f: &FuncStats, runs: u64, timed: bool) -> serde_json::Value {
+    let mut o = json!({
+        "name": f.name,
+        "module": f.module,
+        "address": f.address,
+        "calls": f.calls,
+        "calls_avg": json_num(f.calls as f64 / runs.max(1) as f64),
+        "runs": runs,
+        "calls_min": f.calls_min,
+        "calls_max": f.calls_max,
+    });
+    if timed {
+        o["timed_calls"] = json!(f.timed_calls);
+        o["total_ns"] = json!(f.total_ns);
+        o["self_ns"] = json!(f.self_ns);
+        o["avg_ns"] = json!(f.avg_ns());
+        o["min_ns"] = json!(f.min_ns);
+        o["max_ns"] = json!(f.max_ns);
+    }
+    o
+}
+
 /// The functions of a report as a JSON array of objects with `name`, `module`, `address`,
-/// `calls`, `total_ns`, `self_ns`, `avg_ns`, `min_ns` and `max_ns`.
+/// `calls` (summed over the runs), `calls_avg` (per run), `runs`, `calls_min` and
+/// `calls_max` (fewest and most in one run); when times were recorded also `timed_calls`,
+/// `total_ns`, `self_ns`, `avg_ns`, `min_ns` and `max_ns`. Count-mode reports have no time
+/// fields.
 pub fn report_json(r: &Report) -> serde_json::Value {
     r.functions
         .iter()
-        .map(|f| {
-            json!({
-                "name": f.name,
-                "module": f.module,
-                "address": f.address,
-                "calls": f.calls,
-                "total_ns": f.total_ns,
-                "self_ns": f.self_ns,
-                "avg_ns": f.avg_ns(),
-                "min_ns": f.min_ns,
-                "max_ns": f.max_ns,
-            })
+        .map(|f| function_json(f, r.runs, r.timed))
+        .collect()
+}
+
+/// The called functions of one module.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModuleStats {
+    /// File name of the module.
+    pub module: String,
+    /// Calls of its functions, summed.
+    pub calls: u64,
+    /// Self time of its functions, summed (self times do not overlap, totals would).
+    pub self_ns: u64,
+    /// Its functions that were called, sorted by the report's key.
+    pub functions: Vec<FuncStats>,
+}
+
+/// Groups a report's functions per module (shared object), modules sorted by calls or by
+/// self time (for the time keys), largest first.
+pub fn by_module(r: &Report, key: SortKey) -> Vec<ModuleStats> {
+    let mut groups: BTreeMap<&str, ModuleStats> = BTreeMap::new();
+    for f in &r.functions {
+        let g = groups
+            .entry(f.module.as_str())
+            .or_insert_with(|| ModuleStats {
+                module: f.module.clone(),
+                ..ModuleStats::default()
+            });
+        g.calls += f.calls;
+        g.self_ns = g.self_ns.saturating_add(f.self_ns);
+        g.functions.push(f.clone());
+    }
+    let mut out: Vec<ModuleStats> = groups.into_values().collect();
+    for g in &mut out {
+        sort(&mut g.functions, key);
+    }
+    let k = |g: &ModuleStats| match key {
+        SortKey::Calls => g.calls,
+        _ => g.self_ns,
+    };
+    out.sort_by(|a, b| k(b).cmp(&k(a)).then_with(|| a.module.cmp(&b.module)));
+    out
+}
+
+/// Renders a report grouped per module: a line per module with its totals, then the first
+/// `top` of its functions.
+pub fn render_by_module_text(r: &Report, top: Option<usize>, key: SortKey) -> String {
+    let mut out = String::new();
+    for (i, g) in by_module(r, key).iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let _ = write!(
+            out,
+            "{}: {} calls in {} functions",
+            g.module,
+            g.calls,
+            g.functions.len()
+        );
+        if r.runs > 1 {
+            let _ = write!(out, " ({} per run)", per_run(g.calls, r.runs));
+        }
+        if r.timed {
+            let _ = write!(out, ", self time {}", format_duration(g.self_ns));
+        }
+        out.push('\n');
+        function_table(&mut out, &g.functions, top, r.runs, r.timed);
+    }
+    out
+}
+
+/// A report grouped per module as a JSON array: per module `module`, `calls`, `calls_avg`,
+/// `functions_called`, `self_ns` (when timed), and `functions`, the first `top` of its
+/// functions as in [`report_json`].
+pub fn report_by_module_json(r: &Report, top: Option<usize>, key: SortKey) -> serde_json::Value {
+    by_module(r, key)
+        .iter()
+        .map(|g| {
+            let mut o = json!({
+                "module": g.module,
+                "calls": g.calls,
+                "calls_avg": json_num(g.calls as f64 / r.runs.max(1) as f64),
+                "functions_called": g.functions.len(),
+                "functions": g.functions.iter().take(top.unwrap_or(usize::MAX))
+                    .map(|f| function_json(f, r.runs, r.timed)).collect::<Vec<_>>(),
+            });
+            if r.timed {
+                o["self_ns"] = json!(g.self_ns);
+            }
+            o
         })
         .collect()
 }

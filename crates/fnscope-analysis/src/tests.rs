@@ -88,6 +88,9 @@ fn stats(name: &str, address: u64, [c, t, s, mn, mx]: [u64; 5]) -> FuncStats {
         module: "prog".into(),
         address,
         calls: c,
+        calls_min: c,
+        calls_max: c,
+        timed_calls: c,
         total_ns: t,
         self_ns: s,
         min_ns: mn,
@@ -541,4 +544,155 @@ fn deep_recursion() {
     let mut out = Vec::new();
     replay_lines(&dir, None, &mut out).unwrap();
     assert_eq!(out.split(|&b| b == b'\n').count(), 2 * n as usize + 1);
+}
+
+/// A one-run profile of one module whose functions are `(address, name, calls)`.
+fn profile(path: &str, build_id: &str, funcs: &[(u64, &str, u64)]) -> Profile {
+    use fnscope_format::{FunctionSummary, ModuleSummary, RunInfo};
+    Profile {
+        runs: vec![RunInfo {
+            trace: path.into(),
+            mode: "count".into(),
+            ..RunInfo::default()
+        }],
+        modules: vec![ModuleSummary {
+            path: path.into(),
+            build_id: Some(build_id.into()),
+            functions: funcs
+                .iter()
+                .map(|&(address, name, calls)| FunctionSummary {
+                    address,
+                    size: 16,
+                    name: name.into(),
+                    hooked: true,
+                    calls,
+                    calls_min: calls,
+                    calls_max: calls,
+                    ..FunctionSummary::default()
+                })
+                .collect(),
+        }],
+        ..Profile::default()
+    }
+}
+
+#[test]
+fn combine_matches_by_build_id_and_name() {
+    // The same build at two paths; two static functions share a name; one is unnamed.
+    let a = profile(
+        "/a/prog",
+        "x",
+        &[
+            (0x10, "foo", 3),
+            (0x20, "sub_20", 1),
+            (0x30, "dup", 1),
+            (0x40, "dup", 2),
+        ],
+    );
+    let b = profile(
+        "/b/prog",
+        "x",
+        &[
+            (0x10, "foo", 5),
+            (0x20, "sub_20", 2),
+            (0x30, "dup", 10),
+            (0x40, "dup", 20),
+            (0x50, "bar", 7),
+        ],
+    );
+    let c = combine(
+        vec![("a".into(), a.clone()), ("b".into(), b.clone())],
+        false,
+    )
+    .unwrap();
+    assert_eq!(c.run_count(), 2);
+    assert_eq!(c.modules.len(), 1);
+    let got: Vec<(u64, &str, u64, u64, u64)> = c.modules[0]
+        .functions
+        .iter()
+        .map(|f| {
+            (
+                f.address,
+                f.name.as_str(),
+                f.calls,
+                f.calls_min,
+                f.calls_max,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0x10, "foo", 8, 3, 5),
+            (0x20, "sub_20", 3, 1, 2),
+            (0x30, "dup", 11, 1, 10),
+            (0x40, "dup", 22, 2, 20),
+            // Not in run a: 0 calls there.
+            (0x50, "bar", 7, 0, 7),
+        ]
+    );
+    let r = report_of(&c);
+    let bar = r.functions.iter().find(|f| f.name == "bar").unwrap();
+    assert_eq!((bar.calls, bar.calls_min, bar.calls_max), (7, 0, 7));
+    assert!(!r.timed);
+    assert_eq!(report_json(&r)[0]["calls_avg"], 11);
+
+    let d = diff(("a", &a), ("b", &b), false, SortKey::Calls).unwrap();
+    let deltas: Vec<(&str, f64)> = d
+        .functions
+        .iter()
+        .map(|f| (f.name.as_str(), f.calls_delta()))
+        .collect();
+    assert_eq!(
+        deltas,
+        [
+            ("dup", 18.0),
+            ("dup", 9.0),
+            ("bar", 7.0),
+            ("foo", 2.0),
+            ("sub_20", 1.0)
+        ]
+    );
+
+    // Another build of a file of the same name is refused, unless matched by name.
+    let other = profile("/a/prog", "y", &[(0x10, "foo", 1)]);
+    let e = combine(
+        vec![("a".into(), a.clone()), ("o".into(), other.clone())],
+        false,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("prog") && e.contains("--match-by-name") && e.contains("build-id x"),
+        "{e}"
+    );
+    let c = combine(vec![("a".into(), a), ("o".into(), other)], true).unwrap();
+    assert_eq!(
+        c.modules[0]
+            .functions
+            .iter()
+            .find(|f| f.name == "foo")
+            .unwrap()
+            .calls,
+        4
+    );
+}
+
+#[test]
+fn merged_trace_round_trip_and_coverage_of_a_missing_module() {
+    let dir = tmpdir("merged");
+    let a = profile("/nowhere/prog", "x", &[(0x10, "foo", 3), (0x20, "bar", 0)]);
+    a.write_merged(&dir).unwrap();
+    let back = Profile::load(&dir).unwrap();
+    assert_eq!(back.modules, a.modules);
+    assert_eq!(back.runs, a.runs);
+    let r = report(&dir, false).unwrap();
+    assert_eq!(r.functions.len(), 1);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let c = coverage(&back);
+    let m = &c.modules[0];
+    assert_eq!(m.sources, Sources::Missing);
+    assert_eq!((m.executed, m.hookable, m.unhookable), (1, 2, 0));
+    let text = render_coverage_text(&c);
+    assert!(text.contains("never executed (1):\n    bar\n"), "{text}");
 }

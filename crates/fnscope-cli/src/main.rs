@@ -1,9 +1,10 @@
 //! `fnscope`: function-level tracing and profiling of unmodified native programs.
 
 mod agent_lib;
+mod funcs;
 mod record;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -50,23 +51,98 @@ enum Command {
         #[arg(long)]
         tid: Option<u32>,
     },
-    /// Hot functions: calls, total, self, average, min and max time.
+    /// Hot functions: calls, total, self, average, min and max time; over several runs,
+    /// calls summed and per run.
     Report {
-        /// Trace folder (or trace.fns file).
+        /// Trace folder (or trace.fns file); repeat to combine runs.
         #[arg(short = 'i', long = "input", default_value = "fnscope.data")]
-        input: PathBuf,
-        /// Sort key.
-        #[arg(long, value_enum, default_value_t = SortArg::Total)]
-        sort: SortArg,
-        /// Show only the first N functions.
+        input: Vec<PathBuf>,
+        /// Sort key (default: total time, or calls when no times were recorded).
+        #[arg(long, value_enum)]
+        sort: Option<SortArg>,
+        /// Show only the first N functions (per module with --by module).
         #[arg(long)]
         top: Option<usize>,
-        /// One table per thread as well.
+        /// `module`: group the functions per shared object.
+        #[arg(long, value_enum, default_value_t = By::Function)]
+        by: By,
+        /// One table per thread as well (a single recorded trace only).
         #[arg(long)]
         threads: bool,
         /// Print JSON (one object per function) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Match functions of different builds of a module by name.
+        #[arg(long)]
+        match_by_name: bool,
+    },
+    /// Combine runs into one merged trace: per function, calls summed (and fewest/most in
+    /// one run), times summed over the timed runs.
+    Merge {
+        /// Folder to write the merged trace to.
+        #[arg(short = 'o', long = "output", required = true)]
+        output: PathBuf,
+        /// Trace folders (or trace.fns files) to combine; merged traces are accepted too.
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
+        /// Match functions of different builds of a module by name.
+        #[arg(long)]
+        match_by_name: bool,
+    },
+    /// Per function, the change in calls and time from RUN_A to RUN_B, largest first.
+    Diff {
+        /// The run to compare against (trace folder, trace.fns or merged trace).
+        run_a: PathBuf,
+        /// The run compared.
+        run_b: PathBuf,
+        /// Sort by the change in this (default: total time when both runs have times, else
+        /// calls).
+        #[arg(long, value_enum)]
+        sort: Option<SortArg>,
+        /// Show only the first N functions.
+        #[arg(long)]
+        top: Option<usize>,
+        /// Print JSON (one object per function) instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Match functions of different builds of a module by name.
+        #[arg(long)]
+        match_by_name: bool,
+    },
+    /// Function coverage: hookable functions executed, per module and source file; the
+    /// functions never executed; the unhookable ones apart.
+    Coverage {
+        /// Trace folder (or trace.fns file); repeat to combine runs (a test suite).
+        #[arg(short = 'i', long = "input", default_value = "fnscope.data")]
+        input: Vec<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Also write a static HTML report (index.html and a page per source file) here.
+        #[arg(long, value_name = "OUT_DIR")]
+        html: Option<PathBuf>,
+        /// Match functions of different builds of a module by name.
+        #[arg(long)]
+        match_by_name: bool,
+    },
+    /// Every function of a binary: name, address, size, source line, and whether it can be
+    /// hooked (and why not).
+    Funcs {
+        /// JSON array, one object per piece of code, instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only the functions that cannot be hooked.
+        #[arg(long, conflicts_with = "pdb")]
+        skipped: bool,
+        /// Names as found in the file (mangled), not demangled.
+        #[arg(long)]
+        raw: bool,
+        /// List the functions of this Windows PDB file instead (names, addresses, sizes).
+        #[arg(long, value_name = "FILE", conflicts_with = "binary")]
+        pdb: Option<PathBuf>,
+        /// The ELF executable or shared library.
+        #[arg(required_unless_present = "pdb")]
+        binary: Option<PathBuf>,
     },
     /// What was traced: command, processes, threads, functions hooked and skipped, size.
     Info {
@@ -88,6 +164,12 @@ enum ReplayFormat {
     Lines,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum By {
+    Function,
+    Module,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum SortArg {
     Calls,
@@ -106,6 +188,58 @@ impl From<SortArg> for fnscope_analysis::SortKey {
             SortArg::Avg => fnscope_analysis::SortKey::Avg,
         }
     }
+}
+
+/// The sort key asked for, or the natural one: total time when times were recorded, calls
+/// otherwise. Time keys on runs without times fall back to calls, with a warning.
+fn sort_key(asked: Option<SortArg>, timed: bool) -> fnscope_analysis::SortKey {
+    match asked {
+        None if timed => fnscope_analysis::SortKey::Total,
+        None | Some(SortArg::Calls) => fnscope_analysis::SortKey::Calls,
+        Some(k) if timed => k.into(),
+        Some(_) => {
+            eprintln!("fnscope: warning: no times were recorded (count mode): sorting by calls");
+            fnscope_analysis::SortKey::Calls
+        }
+    }
+}
+
+fn warn(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("fnscope: warning: {w}");
+    }
+}
+
+fn pretty(v: &serde_json::Value) -> Result<String> {
+    Ok(serde_json::to_string_pretty(v)? + "\n")
+}
+
+/// Prints an analysis' output; a reader that stops early (`| head`) is not an error.
+fn print_out(text: &str) -> Result<i32> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        r => {
+            r.context("cannot write the output")?;
+            Ok(0)
+        }
+    }
+}
+
+/// `merge -o DIR` writes DIR/trace.fns: DIR may be new, empty, or a trace folder (whose
+/// trace is replaced once every input has been read, so it may be one of the inputs).
+fn check_merge_output(dir: &std::path::Path) -> Result<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            bail!("{} is not a folder; give a folder for the merged trace with -o", dir.display());
+        }
+        let is_trace = dir.join(fnscope_format::TRACE_FILE).exists();
+        let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !is_trace && !empty {
+            bail!("{} exists and is not an fnscope trace; choose another folder with -o", dir.display());
+        }
+    }
+    Ok(())
 }
 
 fn main() {
@@ -145,22 +279,76 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Report { input, sort, top, threads, json } => {
-            let r = fnscope_analysis::report(&input, threads)?;
-            for w in &r.warnings {
-                eprintln!("fnscope: warning: {w}");
-            }
-            if json {
-                let mut funcs = r.functions.clone();
-                fnscope_analysis::sort(&mut funcs, sort.into());
-                if let Some(n) = top {
-                    funcs.truncate(n);
-                }
-                let shown = fnscope_analysis::Report { functions: funcs, ..r };
-                println!("{}", serde_json::to_string_pretty(&fnscope_analysis::report_json(&shown))?);
+        Command::Report { input, sort, top, by, threads, json, match_by_name } => {
+            let r = if input.len() == 1 {
+                fnscope_analysis::report(&input[0], threads)?
             } else {
-                print!("{}", fnscope_analysis::render_report_text(&r, top, sort.into()));
+                if threads {
+                    bail!("--threads needs a single recorded trace; combined runs have no threads");
+                }
+                fnscope_analysis::report_of(&fnscope_analysis::load_all(&input, match_by_name)?)
+            };
+            warn(&r.warnings);
+            let key = sort_key(sort, r.timed);
+            let text = match (by, json) {
+                (By::Module, true) => pretty(&fnscope_analysis::report_by_module_json(&r, top, key))?,
+                (By::Module, false) => fnscope_analysis::render_by_module_text(&r, top, key),
+                (By::Function, true) => {
+                    let mut funcs = r.functions.clone();
+                    fnscope_analysis::sort(&mut funcs, key);
+                    funcs.truncate(top.unwrap_or(usize::MAX));
+                    let shown = fnscope_analysis::Report { functions: funcs, ..r };
+                    pretty(&fnscope_analysis::report_json(&shown))?
+                }
+                (By::Function, false) => fnscope_analysis::render_report_text(&r, top, key),
+            };
+            print_out(&text)
+        }
+        Command::Merge { output, runs, match_by_name } => {
+            check_merge_output(&output)?;
+            let p = fnscope_analysis::load_all(&runs, match_by_name)?;
+            warn(&p.warnings);
+            p.write_merged(&output)?;
+            let functions: usize = p.modules.iter().map(|m| m.functions.len()).sum();
+            eprintln!(
+                "fnscope: {} runs merged into {} ({} modules, {functions} functions)",
+                p.run_count(),
+                output.display(),
+                p.modules.len()
+            );
+            Ok(0)
+        }
+        Command::Diff { run_a, run_b, sort, top, json, match_by_name } => {
+            let a = fnscope_analysis::Profile::load(&run_a)?;
+            let b = fnscope_analysis::Profile::load(&run_b)?;
+            let key = sort_key(sort, a.timed() && b.timed());
+            let (la, lb) = (run_a.display().to_string(), run_b.display().to_string());
+            let d = fnscope_analysis::diff((&la, &a), (&lb, &b), match_by_name, key)?;
+            warn(&d.warnings);
+            let text = if json {
+                pretty(&fnscope_analysis::diff_json(&d, top))?
+            } else {
+                fnscope_analysis::render_diff_text(&d, top)
+            };
+            print_out(&text)
+        }
+        Command::Coverage { input, json, html, match_by_name } => {
+            let p = fnscope_analysis::load_all(&input, match_by_name)?;
+            let c = fnscope_analysis::coverage(&p);
+            warn(&c.warnings);
+            if let Some(dir) = &html {
+                let index = fnscope_analysis::write_coverage_html(&c, dir)?;
+                eprintln!("fnscope: coverage report written to {}", index.display());
             }
+            let text = if json {
+                pretty(&fnscope_analysis::coverage_json(&c))?
+            } else {
+                fnscope_analysis::render_coverage_text(&c)
+            };
+            print_out(&text)
+        }
+        Command::Funcs { json, skipped, raw, pdb, binary } => {
+            funcs::run(&funcs::FuncsOptions { binary, pdb, json, skipped, raw })?;
             Ok(0)
         }
         Command::Info { input } => {

@@ -320,3 +320,95 @@ fn fib_trace_is_compact_and_fast() {
     }
     assert_eq!(back, recs);
 }
+
+#[test]
+fn merged_trace_round_trip() {
+    let dir = tmpdir("merged");
+    let path = dir.join(TRACE_FILE);
+    let meta = Meta {
+        mode: "merged".into(),
+        ..sample_meta()
+    };
+    let runs = vec![
+        RunInfo {
+            trace: "a".into(),
+            mode: "time".into(),
+            ..RunInfo::default()
+        },
+        RunInfo {
+            trace: "b".into(),
+            mode: "count".into(),
+            ..RunInfo::default()
+        },
+    ];
+    let summary = ModuleSummary {
+        path: "/bin/fib".into(),
+        build_id: Some("abcd".into()),
+        functions: vec![
+            FunctionSummary {
+                address: 0x1000,
+                size: 40,
+                name: "fib".into(),
+                hooked: true,
+                calls: 30,
+                calls_min: 10,
+                calls_max: 20,
+                timed_calls: 20,
+                total_ns: 400,
+                self_ns: 300,
+                min_ns: 5,
+                max_ns: 90,
+                ..FunctionSummary::default()
+            },
+            FunctionSummary {
+                address: 0x1040,
+                size: 3,
+                name: "tiny".into(),
+                reason: "too-short".into(),
+                detail: "3 bytes".into(),
+                ..FunctionSummary::default()
+            },
+        ],
+    };
+    {
+        let mut w = TraceWriter::create(&path).unwrap();
+        w.write_merged_meta(&meta, &runs).unwrap();
+        w.write_summary(&summary).unwrap();
+        w.write_end(&sample_end()).unwrap();
+    }
+    let mut r = TraceReader::open(&path).unwrap();
+    let mut chunks = Vec::new();
+    while let Some(c) = r.next_chunk().unwrap() {
+        chunks.push(c);
+    }
+    assert!(!r.truncated());
+    assert_eq!(r.runs(), &runs[..]);
+    assert_eq!(
+        chunks,
+        vec![
+            Chunk::Meta(meta),
+            Chunk::Summary(summary),
+            Chunk::End(sample_end())
+        ]
+    );
+    // A recorded trace lists no runs.
+    let (p, _) = write_sample(&dir);
+    let mut r = TraceReader::open(&p).unwrap();
+    r.next_chunk().unwrap();
+    assert!(r.runs().is_empty());
+}
+
+#[test]
+fn damaged_summary_is_reported() {
+    let dir = tmpdir("badsummary");
+    let path = dir.join(TRACE_FILE);
+    {
+        let mut w = TraceWriter::create(&path).unwrap();
+        w.write_meta(&sample_meta()).unwrap();
+        // A payload that is no zstd frame, with a correct checksum: only decoding can tell.
+        w.payload.extend_from_slice(b"{not zstd}");
+        w.chunk(KIND_SUMMARY).unwrap();
+    }
+    let err = read_all(&path).unwrap_err().to_string();
+    assert!(err.contains("SUMMARY"), "{err}");
+}

@@ -17,6 +17,7 @@
 mod cfi;
 mod debugfile;
 mod demangle;
+mod lines;
 mod minidebuginfo;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use object::read::elf::{
 use object::{Endianness, Object};
 
 pub use demangle::{demangle, strip_version};
+pub use lines::{SourceLines, SourceLocation};
 
 /// `Function::not_entry_why` of `.cold` parts.
 pub const WHY_COLD: &str = "cold part";
@@ -444,11 +446,6 @@ fn collect_symbols(
 }
 
 /// Takes the function symbols of the first matching separate debug file and returns its path.
-/// A candidate must carry the same build id, or (if either file has none) match the
-/// `.gnu_debuglink` CRC: a stale debug file would give wrong names.
-///
-/// The file is mapped, not read: debug files can be hundreds of MB of DWARF, of which only
-/// the headers and the symbol table are needed.
 fn read_debug_file(
     path: &Path,
     build_id: Option<&[u8]>,
@@ -456,6 +453,29 @@ fn read_debug_file(
     code: &[CodeRange],
     out: &mut Vec<Cand>,
 ) -> Option<PathBuf> {
+    let (cand, map) = open_debug_file(path, build_id, link)?;
+    let dfile = ElfFile64::<Endianness>::parse(&map[..]).ok()?;
+    collect_symbols(
+        dfile.elf_symbol_table(),
+        dfile.endian(),
+        SymSource::DebugFile,
+        code,
+        out,
+    );
+    Some(cand)
+}
+
+/// The first separate debug file of `path` that belongs to it, mapped. A candidate must
+/// carry the same build id, or (if either file has none) match the `.gnu_debuglink` CRC: a
+/// stale debug file would give wrong names and lines.
+///
+/// The file is mapped, not read: debug files can be hundreds of MB of DWARF, of which only
+/// parts are needed.
+pub(crate) fn open_debug_file(
+    path: &Path,
+    build_id: Option<&[u8]>,
+    link: Option<(&[u8], u32)>,
+) -> Option<(PathBuf, memmap2::Mmap)> {
     for cand in debugfile::candidates(path, build_id, link.map(|l| l.0)) {
         let Ok(f) = std::fs::File::open(&cand) else {
             continue;
@@ -474,14 +494,7 @@ fn read_debug_file(
             _ => link.is_some_and(|(_, crc)| debugfile::crc32_of_file(&cand).ok() == Some(crc)),
         };
         if ok {
-            collect_symbols(
-                dfile.elf_symbol_table(),
-                dfile.endian(),
-                SymSource::DebugFile,
-                code,
-                out,
-            );
-            return Some(cand);
+            return Some((cand, map));
         }
     }
     None

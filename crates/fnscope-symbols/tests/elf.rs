@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fnscope_symbols::{load, load_bytes, Function, SymSource, SymbolError};
+use fnscope_symbols::{load, load_bytes, Function, SourceLines, SymSource, SymbolError};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fnscope-symbols-tests");
@@ -279,4 +279,77 @@ fn system_binaries() {
             .windows(2)
             .all(|w| w[0].address < w[1].address));
     }
+}
+
+// Source lines (lines.rs).
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixture.c")
+}
+
+/// 1-based line of the fixture where `needle` first appears.
+fn line_of(needle: &str) -> u32 {
+    let src = std::fs::read_to_string(fixture()).unwrap();
+    let i = src
+        .lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("{needle:?} not in the fixture"));
+    i as u32 + 1
+}
+
+fn address_of(path: &Path, name: &str) -> u64 {
+    named(&load(path).unwrap().functions, name).address
+}
+
+/// Where the functions of the fixture start: the line of their opening brace's
+/// declaration, in fixture.c.
+fn check_lines(lines: &SourceLines, addresses_from: &Path) {
+    for (name, decl) in [
+        ("hot", "int hot(const int *v"),
+        ("helper", "static __attribute__((noinline)) int helper"),
+        ("main", "int main(int argc"),
+    ] {
+        let loc = lines
+            .locate(address_of(addresses_from, name))
+            .unwrap_or_else(|| panic!("no source position for {name}"));
+        assert!(loc.file.ends_with("tests/fixture.c"), "{name}: {loc:?}");
+        assert_eq!(loc.line, Some(line_of(decl)), "{name}");
+    }
+}
+
+#[test]
+fn lines_from_the_file_itself() {
+    let prog = compile("lines-plain", &[]);
+    let lines = SourceLines::load(&prog).unwrap();
+    assert_eq!(lines.dwarf_file(), Some(prog.as_path()));
+    assert_eq!(lines.build_id(), load(&prog).unwrap().build_id.as_deref());
+    check_lines(&lines, &prog);
+    // Outside any code: nothing, not a wrong file.
+    assert_eq!(lines.locate(0), None);
+}
+
+#[test]
+fn lines_from_the_separate_debug_file() {
+    let full = compile("lines-split-full", &[]);
+    let (prog, debug) = split_debug(&tmp("lines-split"), &full, &full);
+    let lines = SourceLines::load(&prog).unwrap();
+    assert_eq!(lines.dwarf_file(), Some(debug.as_path()));
+    check_lines(&lines, &full);
+
+    // Without the debug file there are no lines, and that is not an error.
+    std::fs::remove_file(&debug).unwrap();
+    let lines = SourceLines::load(&prog).unwrap();
+    assert_eq!(lines.dwarf_file(), None);
+    assert!(lines.build_id().is_some());
+    assert_eq!(lines.locate(address_of(&full, "main")), None);
+}
+
+#[test]
+fn bad_files_are_errors_not_panics() {
+    let text = tmp("not-elf.txt");
+    std::fs::write(&text, "hello").unwrap();
+    let e = SourceLines::load(&text).unwrap_err().to_string();
+    assert!(e.contains("not an ELF file"), "{e}");
+    let e = SourceLines::load(&tmp("missing")).unwrap_err().to_string();
+    assert!(e.contains("cannot read"), "{e}");
 }
