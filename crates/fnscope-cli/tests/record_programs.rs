@@ -423,6 +423,11 @@ fn threads() {
 }
 
 #[test]
+fn coroutines_switching_stacks() {
+    check_case(&Case::new("coroutines.c", "coroutines"));
+}
+
+#[test]
 fn three_hundred_threads_at_once() {
     check_case(&Case::new("many_threads.c", "many_threads"));
 }
