@@ -506,14 +506,28 @@ pub fn unwind_begins(rsp: u64, exception: u64) {
             (*st).unwinding += 1;
         }
         pop_below(st, rsp, now);
-        let exit = stubs::fnscope_exit as *const () as u64;
+        set_return_addresses(st, false);
+    }
+}
+
+/// Puts the real return address (`armed` false) or the exit stub (`armed` true) into the
+/// return-address slot of every frame on the shadow stack that holds the other one.
+///
+/// # Safety
+/// `st` must be the calling thread's state, and its entries' slots must be live frames.
+unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
+    let exit = stubs::fnscope_exit as *const () as u64;
+    // SAFETY: per the caller's guarantee; a slot is only written when it holds the value this
+    // agent put there (or the real address it replaced), i.e. it is that frame's return slot.
+    unsafe {
         let mut p = (*st).ss_top;
         while p > (*st).ss_base {
             p -= 32;
             let e = p as *const ShadowEntry;
             let slot = (*e).slot as *mut u64;
-            if read_volatile(slot) == exit {
-                write_volatile(slot, (*e).ret);
+            let (from, to) = if armed { ((*e).ret, exit) } else { (exit, (*e).ret) };
+            if read_volatile(slot) == from {
+                write_volatile(slot, to);
             }
         }
     }
@@ -543,16 +557,7 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
         }
         let now = stubs::tsc();
         pop_below(st, caller_rsp, now);
-        let exit = stubs::fnscope_exit as *const () as u64;
-        let mut p = (*st).ss_top;
-        while p > (*st).ss_base {
-            p -= 32;
-            let e = p as *const ShadowEntry;
-            let slot = (*e).slot as *mut u64;
-            if read_volatile(slot) == (*e).ret {
-                write_volatile(slot, exit);
-            }
-        }
+        set_return_addresses(st, true);
     }
 }
 
