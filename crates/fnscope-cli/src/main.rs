@@ -263,6 +263,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(out.exit_code)
         }
         Command::Replay { input, format, tid } => {
+            refuse_untimed(&input)?;
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             let r = match format {
@@ -357,4 +358,20 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// Replay needs the time of every call: count-mode and merged traces have none.
+fn refuse_untimed(input: &std::path::Path) -> Result<()> {
+    let mut r = fnscope_format::TraceReader::open(input)?;
+    if let Ok(Some(fnscope_format::Chunk::Meta(m))) = r.next_chunk() {
+        if m.mode == "count" || m.mode == "merged" {
+            anyhow::bail!(
+                "{} is a {} trace: it holds how often functions ran, not when, so there is nothing to replay; \
+                 use `fnscope report`, or record with the default --mode time",
+                input.display(),
+                m.mode
+            );
+        }
+    }
+    Ok(())
 }

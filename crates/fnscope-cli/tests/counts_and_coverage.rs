@@ -805,7 +805,7 @@ fn bad_inputs_give_one_line_errors() {
         ),
         (
             vec!["report", "-i", path_str(&trace), "-i", path_str(&missing)],
-            "cannot open",
+            "no trace at",
         ),
         (
             vec!["merge", "-o", path_str(&busy), path_str(&trace)],
@@ -819,7 +819,7 @@ fn bad_inputs_give_one_line_errors() {
             vec!["diff", path_str(&trace), path_str(&text)],
             "not an fnscope trace",
         ),
-        (vec!["coverage", "-i", path_str(&missing)], "cannot open"),
+        (vec!["coverage", "-i", path_str(&missing)], "no trace at"),
     ] {
         let r = fnscope_cmd(&args);
         let line = assert_one_line_error(&r, &format!("{args:?}"));

@@ -229,6 +229,12 @@ const MAX_COUNTS: u32 = 1 << 26;
 /// Errors of reading and writing trace files.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
+    /// There is no trace where one was expected.
+    #[error("no trace at {}: record one with `fnscope record -o DIR -- PROGRAM`, then pass that DIR with -i", path.display())]
+    NoTrace {
+        /// The path that does not exist (the folder's `trace.fns` for a folder).
+        path: PathBuf,
+    },
     /// The operating system refused a file operation.
     #[error("cannot {action} {}", path.display())]
     Io {
@@ -542,7 +548,13 @@ impl TraceReader {
         } else {
             path.to_path_buf()
         };
-        let file = File::open(&path).map_err(io_err("open", &path))?;
+        let file = File::open(&path).map_err(|source| {
+            if source.kind() == io::ErrorKind::NotFound {
+                FormatError::NoTrace { path: path.clone() }
+            } else {
+                FormatError::Io { action: "open", path: path.clone(), source }
+            }
+        })?;
         let mut input = BufReader::with_capacity(1 << 20, file);
         let mut head = [0u8; FILE_HEADER_SIZE as usize];
         let n = read_full(&mut input, &mut head).map_err(io_err("read", &path))?;

@@ -194,7 +194,7 @@ fn refuses_other_files_and_versions() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.starts_with("cannot open"), "{e}");
+    assert!(e.starts_with("no trace at") && e.contains("fnscope record"), "{e}");
 }
 
 #[test]
