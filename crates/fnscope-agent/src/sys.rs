@@ -25,6 +25,7 @@ pub unsafe fn syscall6(nr: usize, a1: usize, a2: usize, a3: usize, a4: usize, a5
 }
 
 const SYS_MMAP: usize = 9;
+const SYS_MUNMAP: usize = 11;
 const SYS_SCHED_YIELD: usize = 24;
 const SYS_GETPID: usize = 39;
 const SYS_WRITE: usize = 1;
@@ -45,6 +46,14 @@ pub fn mmap_anon(len: usize) -> *mut u8 {
         core::ptr::null_mut()
     } else {
         r as *mut u8
+    }
+}
+
+/// Unmaps memory from [`mmap_anon`] (best effort).
+pub fn munmap(p: *mut u8, len: usize) {
+    // SAFETY: the caller passes a mapping of its own that nothing uses any more.
+    unsafe {
+        syscall6(SYS_MUNMAP, p as usize, len, 0, 0, 0, 0);
     }
 }
 

@@ -206,6 +206,20 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
     unsafe {
         emit_open_calls(st, stubs::tsc());
         finish(st);
+        // Hooked code that runs in later destructors of this thread goes untraced; the state
+        // and shadow stack are given back unless a frame on the stack could still return into
+        // the exit stub (then they stay: a few pages, rather than a crash).
+        stubs::fnscope_tls_set(disabled());
+        let exit = stubs::fnscope_exit as *const () as u64;
+        let mut p = (*st).ss_top;
+        let mut armed = false;
+        while p > (*st).ss_base {
+            p -= 32;
+            armed |= read_volatile((*(p as *const ShadowEntry)).slot as *const u64) == exit;
+        }
+        if !armed {
+            sys::munmap(st as *mut u8, 4096 + SHADOW_BYTES);
+        }
     }
 }
 

@@ -423,6 +423,11 @@ fn threads() {
 }
 
 #[test]
+fn five_thousand_short_lived_threads() {
+    check_case(&Case::new("thread_churn.c", "thread_churn"));
+}
+
+#[test]
 fn coroutines_switching_stacks() {
     check_case(&Case::new("coroutines.c", "coroutines"));
 }
