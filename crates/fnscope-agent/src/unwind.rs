@@ -3,7 +3,7 @@
 //!
 //! The unwinder finds each frame's caller from its return address; a hooked frame's return
 //! address is `fnscope_exit`, which it cannot unwind. So the unwinder's entry points get a
-//! pre-hook that puts the real return addresses back and pauses tracing on the thread
+//! pre-hook that puts the real return addresses back
 //! ([`crate::thread::unwind_begins`]); the start of a `catch` block
 //! (`__cxa_begin_catch`) records the frames that are gone and re-arms the live ones
 //! ([`crate::thread::unwind_caught`]).

@@ -6,12 +6,12 @@
 
 use fnscope_abi::Record;
 
-/// zstd level: level 3 keeps a 1 MiB chunk well under a millisecond and fib-like traces near
+/// zstd level: level 3 keeps even a 1 MiB chunk (the default is 64 KiB) well under a millisecond and fib-like traces near
 /// two bytes per record; higher levels cost much more time for a few percent.
 pub(crate) const ZSTD_LEVEL: i32 = 3;
 
 /// Largest decoded column data accepted, so that a crafted or damaged length cannot make the
-/// reader allocate without bound. A 1 MiB shared-memory chunk decodes to well under 2 MiB.
+/// reader allocate without bound. A shared-memory chunk (64 KiB by default) decodes to well under twice its size.
 pub(crate) const MAX_DECODED: usize = 256 << 20;
 
 /// Most bytes one record can take in the columns (four 10-byte varints plus a flags varint).
