@@ -29,7 +29,7 @@ pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 /// Version of the shared-region layout; the agent refuses a region of another version.
-pub const REGION_VERSION: u32 = 1;
+pub const REGION_VERSION: u32 = 2;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
 /// Default chunk size (header included).
@@ -54,6 +54,14 @@ pub struct RegionHeader {
     pub next_chunk_hint: u32,
     /// Number of agent instances that initialised (for the summary).
     pub agents: u32,
+    /// Process id of the recorder: an agent that finds it gone stops recording (and removes
+    /// the region file) instead of waiting for chunks nobody will free.
+    pub recorder_pid: u32,
+    /// Padding.
+    pub reserved: u32,
+    /// Returns that matched no shadow-stack entry and were resolved by taking the newest one
+    /// (code that moves its own return address; see the agent's `fnscope_exit_mismatch`).
+    pub unmatched_returns: u64,
 }
 
 /// `ChunkHeader::state`: nobody uses the chunk; it is zeroed.
@@ -174,10 +182,14 @@ pub const fn region_size(chunk_size: u32, nchunks: u32) -> usize {
 /// module<TAB><midx><TAB><load bias hex><TAB><build-id hex or -><TAB><path>
 /// func<TAB><id><TAB><midx><TAB><address hex><TAB><size><TAB><raw name>
 /// skip<TAB><midx><TAB><address hex><TAB><size><TAB><reason code><TAB><detail><TAB><raw name>
+/// unhooked<TAB><id><TAB><reason>
 /// ```
 /// `address` is the link-time virtual address in the module's ELF file (add the load bias for
 /// the run-time address). `func` lines list hooked functions; `id` is what records carry.
 /// `skip` lines list functions that were not hooked, with one of the [`skip_reason`] codes.
+/// The table is written before any function is patched, so that every id a record can carry
+/// is named; `unhooked` lines, appended afterwards, list `func` entries whose jump could not
+/// be written after all (their calls are missing from the trace).
 pub mod image {
     /// First line's keyword.
     pub const MAGIC: &str = "fnscope-image";
@@ -207,6 +219,18 @@ pub mod skip_reason {
     pub const NO_TRAMPOLINE: &str = "no-trampoline";
     /// The function is in a section that is not executable code (or overlaps another one).
     pub const NOT_CODE: &str = "not-code";
+    /// Chosen for hooking, but its jump could not be written (the code could not be made
+    /// writable): an `unhooked` line of the image table.
+    pub const PATCH_FAILED: &str = "patch-failed";
+    /// Timing mode only: the module has call frame information but not for this code, which
+    /// was generated or written by hand (V8's builtins, for one). Its runtime may walk such
+    /// frames itself and fail on a return address changed to fnscope's exit stub; count mode
+    /// hooks it.
+    pub const NO_CFI: &str = "no-cfi";
+    /// Timing mode only: the module belongs to a runtime that walks its own native stacks
+    /// (HotSpot's `libjvm.so`) and crashes on a return address changed to fnscope's exit
+    /// stub; count mode hooks it.
+    pub const STACK_WALKER: &str = "stack-walker";
 }
 
 /// Selects count mode when set to `count` (the default is timing).

@@ -29,6 +29,9 @@ static DUMMY: AtomicU64 = AtomicU64::new(0);
 /// Blocks per counts file: threads alive at once that get counters of their own.
 const NBLOCKS: u32 = 1024;
 
+/// Counters kept free, at the least, for libraries that `dlopen` brings later.
+pub const LATE_HEADROOM: u32 = 1 << 18;
+
 fn header() -> *mut CountsHeader {
     BASE.load(Ordering::Acquire) as *mut CountsHeader
 }
@@ -158,10 +161,14 @@ pub fn thread_exit() {
     unsafe { stubs::fnscope_tls_set(dummy as *mut crate::thread::ThreadState) };
     let b = (c as usize - BLOCK_HEADER_SIZE) as *mut BlockHeader;
     let total = counters(block(0));
+    // Only the counters of ids handed out can be non-zero; the rest of a block is never touched
+    // and stays unallocated in the sparse file.
+    // SAFETY: aligned u32 in the header, published by `set_nfuncs`.
+    let used = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).nfuncs)) }.load(Ordering::Acquire);
     // SAFETY: `b` is this thread's block (its counters were in our TLS word); block 0's counters
-    // are shared and updated atomically; both hold `capacity` counters.
+    // are shared and updated atomically; both hold `capacity` >= `used` counters.
     unsafe {
-        for k in 0..(*header()).capacity as usize {
+        for k in 0..used as usize {
             let v = *counters(b).add(k);
             if v != 0 {
                 AtomicU64::from_ptr(total.add(k)).fetch_add(v, Ordering::Relaxed);

@@ -34,7 +34,7 @@ pub fn loaded_objects() -> Vec<Loaded> {
                 std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
             };
             let path = if out.is_empty() && name.is_empty() {
-                std::fs::read_link("/proc/self/exe").unwrap_or_default()
+                crate::sys::readlink(Path::new("/proc/self/exe"))
             } else {
                 PathBuf::from(name)
             };
@@ -65,13 +65,26 @@ pub struct ModuleResult {
     pub hooked: usize,
     /// Functions skipped.
     pub skipped: usize,
-    /// The jumps to write (after the image table naming them is out).
-    pub patches: Vec<(u64, [u8; 5])>,
+    /// The jumps to write (after the image table naming them is out), by address.
+    pub patches: Vec<Patch>,
+}
+
+/// A jump to write over a function's first bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Patch {
+    /// Run-time address of the function.
+    pub addr: u64,
+    /// The `jmp rel32` to its slot.
+    pub bytes: [u8; 5],
+    /// The function's id (the pre-hook kind for pre-hooks).
+    pub id: u32,
 }
 
 /// One function to patch, planned.
 struct Planned {
     addr: u64,
+    /// Size of the function's code (0 when unknown).
+    size: u64,
     patch_len: usize,
     /// Pre-hook kind (trace slots get their id when built).
     id: u32,
@@ -90,19 +103,41 @@ fn round_up(x: usize, a: usize) -> usize {
     (x + a - 1) & !(a - 1)
 }
 
-/// Free gaps of the address space, from /proc/self/maps.
-fn maps_ranges() -> Vec<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut v: Vec<(u64, u64)> = text
+/// One line of /proc/self/maps.
+#[derive(Clone, Copy, Debug)]
+struct Mapping {
+    lo: u64,
+    hi: u64,
+    /// `PROT_*` bits.
+    prot: u32,
+}
+
+/// The process's mappings, by address. Read with raw system calls: this runs while the
+/// program's functions (and perhaps libc's) are being patched.
+fn mappings() -> Vec<Mapping> {
+    let text = crate::sys::read_file(Path::new("/proc/self/maps")).unwrap_or_default();
+    let mut v: Vec<Mapping> = String::from_utf8_lossy(&text)
         .lines()
         .filter_map(|l| {
-            let r = l.split_whitespace().next()?;
-            let (a, b) = r.split_once('-')?;
-            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+            let mut f = l.split_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let perms = f.next()?.as_bytes();
+            let bit = |i: usize, c: u8, p: u32| if perms.get(i) == Some(&c) { p } else { 0 };
+            let prot = bit(0, b'r', PROT_READ) | bit(1, b'w', PROT_WRITE) | bit(2, b'x', PROT_EXEC);
+            Some(Mapping { lo: u64::from_str_radix(a, 16).ok()?, hi: u64::from_str_radix(b, 16).ok()?, prot })
         })
         .collect();
-    v.sort();
+    v.sort_by_key(|m| m.lo);
     v
+}
+
+const PROT_READ: u32 = 1;
+const PROT_WRITE: u32 = 2;
+const PROT_EXEC: u32 = 4;
+
+/// Free gaps of the address space, from /proc/self/maps.
+fn maps_ranges() -> Vec<(u64, u64)> {
+    mappings().iter().map(|m| (m.lo, m.hi)).collect()
 }
 
 /// Maps `len` bytes read-write within ±2 GiB of every address in `[lo, hi)`, preferring the
@@ -129,21 +164,22 @@ fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; on success the range
         // is a fresh anonymous mapping that only we use.
         let p = unsafe {
-            libc::mmap(
-                c as *mut libc::c_void,
+            crate::sys::syscall6(
+                9, // mmap
+                c as usize,
                 len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
+                (PROT_READ | PROT_WRITE) as usize,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as usize,
+                usize::MAX,
                 0,
             )
         };
-        if p == libc::MAP_FAILED {
+        if p < 0 {
             continue;
         }
         if p as u64 != c {
-            // SAFETY: unmapping the mapping we just made (old kernels ignore NOREPLACE).
-            unsafe { libc::munmap(p, len as usize) };
+            // Old kernels ignore NOREPLACE and place the mapping elsewhere.
+            crate::sys::munmap(p as *mut u8, len as usize);
             continue;
         }
         return Some(Area { base: c, len: len as usize });
@@ -151,38 +187,76 @@ fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
     None
 }
 
-fn set_prot(addr: u64, len: usize, prot: libc::c_int) -> bool {
+fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sys::Errno> {
     let start = addr & !4095;
     let end = round_up((addr + len as u64) as usize, 4096) as u64;
-    // SAFETY: changes protection of pages that belong to a loaded module or to our own area.
-    unsafe { libc::mprotect(start as *mut libc::c_void, (end - start) as usize, prot) == 0 }
+    crate::sys::mprotect(start, (end - start) as usize, prot)
 }
 
-/// Writes `jmp rel32` patches. Pages are made writable around the writes and given back
-/// read+execute. Called at start-up (one thread) or for a library just loaded by `dlopen`,
-/// whose code no other thread is running yet.
-pub fn write_patches(patches: &[(u64, [u8; 5])]) -> Result<(), String> {
+/// Writes the jumps, returning those that could not be written with the reason. Called at
+/// start-up (one thread) or for a library just loaded by `dlopen`, whose code no other thread
+/// is running yet.
+///
+/// Pages are made writable around the writes, a run of patches at a time. A run never
+/// crosses from one mapping into another (a program that remaps its own code, as node does
+/// for huge pages, leaves gaps between the pieces) and each mapping gets its own protection
+/// back afterwards.
+pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
+    let maps = mappings();
+    let mapping_of = |a: u64| maps.iter().position(|m| m.lo <= a && a < m.hi);
+    let mut failed = Vec::new();
     let mut i = 0;
     while i < patches.len() {
-        // Group patches of neighbouring pages into one mprotect pair.
-        let first = patches[i].0;
+        let first = patches[i].addr;
+        let (Some(m), Some(m_end)) = (mapping_of(first), mapping_of(first + 4)) else {
+            failed.push((patches[i], format!("no mapping holds the code at {first:#x}")));
+            i += 1;
+            continue;
+        };
+        // Neighbours within 64 KiB and the same mapping share one mprotect pair. A patch
+        // straddling two mappings (`m != m_end`) goes alone, over both.
         let mut j = i;
-        while j + 1 < patches.len() && patches[j + 1].0 - patches[j].0 < 1 << 16 {
+        while m == m_end
+            && j + 1 < patches.len()
+            && patches[j + 1].addr - patches[j].addr < 1 << 16
+            && patches[j + 1].addr + 5 <= maps[m].hi
+        {
             j += 1;
         }
-        let last = patches[j].0 + 5;
-        if !set_prot(first, (last - first) as usize, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) {
-            return Err(format!("cannot make code at {first:#x} writable: {}", std::io::Error::last_os_error()));
+        let last = patches[j].addr + 5;
+        if let Err(e) = set_prot(first, (last - first) as usize, PROT_READ | PROT_WRITE | PROT_EXEC) {
+            let why = format!("cannot make its code writable: {e}");
+            failed.extend(patches[i..=j].iter().map(|p| (*p, why.clone())));
+            i = j + 1;
+            continue;
         }
-        for (addr, bytes) in &patches[i..=j] {
+        for p in &patches[i..=j] {
             // SAFETY: the page range was made writable just above; the 5 bytes lie within a
             // function the analysis found hookable (whole instructions, no branch into them).
-            unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), *addr as *mut u8, 5) };
+            unsafe { core::ptr::copy_nonoverlapping(p.bytes.as_ptr(), p.addr as *mut u8, 5) };
         }
-        set_prot(first, (last - first) as usize, libc::PROT_READ | libc::PROT_EXEC);
+        for k in m..=m_end {
+            let lo = first.max(maps[k].lo);
+            let hi = last.min(maps[k].hi);
+            // Best effort: the code is patched either way, only left writable if this fails.
+            let _ = set_prot(lo, (hi - lo) as usize, maps[k].prot);
+        }
         i = j + 1;
     }
-    Ok(())
+    failed
+}
+
+/// Whether an object found at a load address already looked at is a new load: `probe` is a
+/// function patched in the earlier one, which holds its original bytes again if the library
+/// was unloaded and loaded anew.
+pub fn reloaded(obj: &Loaded, probe: Option<(u64, [u8; 5])>) -> bool {
+    let Some((addr, bytes)) = probe else { return false };
+    if addr < obj.lo || addr + 5 > obj.hi {
+        return true;
+    }
+    let readable = mappings().iter().any(|m| m.lo <= addr && addr + 5 <= m.hi && m.prot & PROT_READ != 0);
+    // SAFETY: the 5 bytes lie in a readable mapping of the object now loaded there.
+    readable && unsafe { core::ptr::read_unaligned(addr as *const [u8; 5]) } != bytes
 }
 
 /// Which stub a slot jumps to.
@@ -317,6 +391,9 @@ fn build_slots(
             SlotKind::Prehook => p.id,
         };
         ids.push((p.index, id));
+        if kind == SlotKind::Trace {
+            crate::thread::set_range(id, p.addr, p.addr + p.size.max(1));
+        }
         let head = match kind {
             SlotKind::Trace | SlotKind::Prehook => trace_head(slot, area.base, id),
             SlotKind::Count => count_head(slot, area.base, id),
@@ -328,20 +405,18 @@ fn build_slots(
             let n = reloc.len().min(slot_len(p) - code_offset);
             core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
         }
-        patches.push((p.addr, jmp));
+        patches.push(Patch { addr: p.addr, bytes: jmp, id });
         off += slot_len(p);
     }
-    if !set_prot(area.base, area.len, libc::PROT_READ | libc::PROT_EXEC) {
-        return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
-    }
-    patches.sort_by_key(|p| p.0);
+    set_prot(area.base, area.len, PROT_READ | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
+    patches.sort_by_key(|p| p.addr);
     Ok(Built { patches, failed, ids })
 }
 
 /// Result of [`build_slots`].
 struct Built {
     /// `jmp rel32` patches to write, by address.
-    patches: Vec<(u64, [u8; 5])>,
+    patches: Vec<Patch>,
     /// Plans (by function index) whose prologue could not be moved, with the reason.
     failed: Vec<(usize, String)>,
     /// Function index and id of every slot built.
@@ -359,9 +434,9 @@ impl ImageTable {
     /// Starts a table for this process image.
     pub fn new(pid: u32) -> ImageTable {
         let mut text = format!("{}\t{}\npid\t{}\n", fnscope_abi::image::MAGIC, fnscope_abi::image::VERSION, pid);
-        let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+        let exe = crate::sys::readlink(Path::new("/proc/self/exe"));
         let _ = writeln!(text, "exe\t{}", exe.display());
-        let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+        let cmdline = crate::sys::read_file(Path::new("/proc/self/cmdline")).unwrap_or_default();
         for a in cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()) {
             let a = String::from_utf8_lossy(a).replace(['\t', '\n'], " ");
             let _ = writeln!(text, "arg\t{a}");
@@ -377,6 +452,11 @@ impl ImageTable {
     /// The text so far.
     pub fn text(&self) -> &str {
         &self.text
+    }
+
+    /// Notes that function `id`, listed as hooked, could not be patched after all.
+    pub fn unhooked(&mut self, id: u32, why: &str) {
+        let _ = writeln!(self.text, "unhooked\t{id}\t{}", why.replace(['\t', '\n'], " "));
     }
 }
 
@@ -399,7 +479,7 @@ pub fn plan_module(
     kind: SlotKind,
     max_id: u32,
 ) -> Result<ModuleResult, String> {
-    let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
     let verdicts = fnscope_x86::analyze(&inv, &data);
     let midx = table.modules;
@@ -414,13 +494,38 @@ pub fn plan_module(
     );
     let mut plans = Vec::new();
     let mut skips: Vec<(usize, &'static str, String)> = Vec::new();
+    // Timing mode changes return addresses; code its module describes for unwinders everywhere
+    // else but not here is someone's generated code, whose runtime may walk it.
+    let cfi_elsewhere = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.has_cfi);
+    let walker = if kind == SlotKind::Trace { stack_walker(&obj.path) } else { None };
+    if let Some(why) = walker {
+        crate::warn(&format!(
+            "not hooking {} in timing mode: {why}; `fnscope record --mode count` counts its calls",
+            obj.path.display()
+        ));
+    }
+    let v8 = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("_ZN2v88internal")));
     for (i, v) in verdicts.iter().enumerate() {
         match v {
+            Verdict::Hookable { .. } if walker.is_some() => {
+                skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().to_string()))
+            }
+            Verdict::Hookable { .. } if v8 && called_by_v8_generated_code(&inv.functions[i]) => skips.push((
+                i,
+                skip_reason::STACK_WALKER,
+                "called from V8's generated code, whose stack walker reads this return address".to_string(),
+            )),
             Verdict::Hookable { .. } if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
                 skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".to_string()))
             }
+            Verdict::Hookable { .. } if cfi_elsewhere && !inv.functions[i].has_cfi => skips.push((
+                i,
+                skip_reason::NO_CFI,
+                "no call frame information (generated or hand-written code): count mode hooks it".to_string(),
+            )),
             Verdict::Hookable { patch_len } => plans.push(Planned {
                 addr: obj.bias + inv.functions[i].address,
+                size: inv.functions[i].size,
                 patch_len: *patch_len as usize,
                 id: 0,
                 index: i,
@@ -453,22 +558,43 @@ pub fn plan_module(
 
 /// Installs pre-hooks (kind in the id field) on functions given by run-time address.
 pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
-    let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
     let verdicts = fnscope_x86::analyze(&inv, &data);
     let mut plans = Vec::new();
     for &(addr, kind) in targets {
         let Some(i) = inv.functions.iter().position(|f| f.address + obj.bias == addr) else { continue };
         if let Verdict::Hookable { patch_len } = verdicts[i] {
-            plans.push(Planned { addr, patch_len: patch_len as usize, id: kind, index: i });
+            plans.push(Planned { addr, size: inv.functions[i].size, patch_len: patch_len as usize, id: kind, index: i });
         }
     }
     if plans.is_empty() {
         return Ok(0);
     }
     let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX)?;
-    write_patches(&built.patches)?;
+    if let Some((_, why)) = write_patches(&built.patches).into_iter().next() {
+        return Err(why);
+    }
     Ok(built.patches.len())
+}
+
+/// Why a module's runtime cannot run with changed return addresses, if it is one of those
+/// known to walk their own native stacks.
+fn stack_walker(path: &Path) -> Option<&'static str> {
+    let name = path.file_name()?.to_str()?;
+    (name == "libjvm.so").then_some("HotSpot walks its own native stacks and would crash on fnscope's return addresses")
+}
+
+/// V8 (node, and programs embedding it) calls runtime functions, C++ builtins and API
+/// callbacks from its generated code through "exit frames", and its stack walker (run by the
+/// garbage collector, among others) reads the return address of that call from the stack to
+/// find the generated code it came from: it must stay as it is.
+fn called_by_v8_generated_code(f: &fnscope_symbols::Function) -> bool {
+    let name = f.display_name();
+    name.starts_with("v8::internal::Runtime_")
+        || name.starts_with("v8::internal::Builtin_")
+        || name.contains("FunctionCallbackInfo<")
+        || name.contains("PropertyCallbackInfo<")
 }
 
 /// Whether `path` names the dynamic linker, the vDSO or this agent.

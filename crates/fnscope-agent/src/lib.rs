@@ -11,7 +11,9 @@
 //! Nothing here runs unless `FNSCOPE_SHM` is set, so the library is inert when loaded by
 //! accident.
 
+pub mod alloc;
 pub mod count;
+pub mod exec;
 pub mod hook;
 pub mod region;
 pub mod stubs;
@@ -19,13 +21,20 @@ pub mod sys;
 pub mod thread;
 pub mod unwind;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+/// Every allocation of the agent, `std`'s included, comes from its own mappings: a program
+/// may define `malloc` itself, and the agent must never run the program's code (see
+/// [`alloc`]).
+#[global_allocator]
+static ALLOC: alloc::AgentAlloc = alloc::AgentAlloc::new();
+
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static COUNT_MODE: AtomicBool = AtomicBool::new(false);
+static VERBOSE: AtomicBool = AtomicBool::new(false);
 
 /// Whether the agent counts calls instead of timing them.
 pub fn count_mode() -> bool {
@@ -37,31 +46,92 @@ pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
 }
 
-fn verbose() -> bool {
-    std::env::var_os(fnscope_abi::ENV_VERBOSE).is_some_and(|v| v == "1")
-}
-
-/// Prints a warning on stderr (start-up only).
+/// Prints a warning on stderr with a raw `write` (the program may hook or interpose the C
+/// library's stdio).
 pub fn warn(msg: &str) {
-    eprintln!("fnscope: {msg}");
+    sys::write_stderr(format!("fnscope: {msg}\n").as_bytes());
 }
 
 #[used]
 #[link_section = ".init_array"]
-static INIT: extern "C" fn() = agent_init;
+static INIT: extern "C" fn(libc::c_int, *const *const libc::c_char, *const *const libc::c_char) = agent_init;
 
 #[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = agent_fini;
 
-extern "C" fn agent_init() {
-    let Some(shm) = std::env::var_os(fnscope_abi::ENV_SHM) else { return };
-    if let Err(e) = setup(&shm.to_string_lossy()) {
-        warn(&format!("tracing disabled in pid {}: {e}", std::process::id()));
+/// The agent's settings, read from the environment the program starts with.
+struct Settings {
+    shm: String,
+    dir: PathBuf,
+    libs: Vec<String>,
+    counting: bool,
+}
+
+/// Reads the `FNSCOPE_*` variables from the `envp` the dynamic linker passes to
+/// constructors. `getenv` would do, but a program may define its own (bash does), and its
+/// copy may already be hooked when the agent looks again.
+///
+/// # Safety
+/// `envp` must be null or a null-terminated array of C strings.
+unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut vars: HashMap<&[u8], &[u8]> = HashMap::new();
+    let mut p = envp;
+    // SAFETY: per the caller's guarantee; each entry is a NUL-terminated string.
+    unsafe {
+        while !p.is_null() && !(*p).is_null() {
+            let kv = std::ffi::CStr::from_ptr(*p).to_bytes();
+            if kv.starts_with(b"FNSCOPE_") {
+                if let Some(eq) = kv.iter().position(|&b| b == b'=') {
+                    vars.insert(&kv[..eq], &kv[eq + 1..]);
+                }
+            }
+            p = p.add(1);
+        }
+    }
+    // What a program started by this one needs to be traced too (see `exec`).
+    let mut inherit: Vec<Vec<u8>> = Vec::new();
+    // SAFETY: as above.
+    unsafe {
+        let mut p = envp;
+        while !p.is_null() && !(*p).is_null() {
+            let kv = std::ffi::CStr::from_ptr(*p).to_bytes();
+            if kv.starts_with(b"LD_PRELOAD=") {
+                inherit.insert(0, kv.to_vec());
+            } else if kv.starts_with(b"FNSCOPE_") {
+                inherit.push(kv.to_vec());
+            }
+            p = p.add(1);
+        }
+    }
+    let get = |k: &str| vars.get(k.as_bytes()).copied();
+    let shm = String::from_utf8_lossy(get(fnscope_abi::ENV_SHM)?).into_owned();
+    exec::init(inherit);
+    let dir = PathBuf::from(std::ffi::OsStr::from_bytes(get(fnscope_abi::ENV_DIR).unwrap_or_default()));
+    let libs = String::from_utf8_lossy(get(fnscope_abi::ENV_LIBS).unwrap_or_default())
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    VERBOSE.store(get(fnscope_abi::ENV_VERBOSE) == Some(b"1"), Ordering::Relaxed);
+    Some(Settings { shm, dir, libs, counting: get(fnscope_abi::ENV_MODE) == Some(b"count") })
+}
+
+extern "C" fn agent_init(_argc: libc::c_int, _argv: *const *const libc::c_char, envp: *const *const libc::c_char) {
+    // SAFETY: glibc passes init_array functions the process's argc, argv and envp.
+    let Some(settings) = (unsafe { read_settings(envp) }) else { return };
+    if settings.dir.as_os_str().is_empty() {
+        warn("tracing disabled: FNSCOPE_DIR is not set (start programs with `fnscope record`)");
+        return;
+    }
+    if let Err(e) = setup(settings) {
+        warn(&format!("tracing disabled in pid {}: {e}", sys::getpid()));
     }
 }
 
 extern "C" fn agent_fini() {
+    region::check_recorder();
     if active() && !count_mode() {
         thread::process_exit();
     }
@@ -75,8 +145,10 @@ struct Tracer {
     libs: Vec<String>,
     prehooked: Vec<u64>,
     table: hook::ImageTable,
-    /// Load addresses of the objects already looked at.
-    seen: HashSet<u64>,
+    /// Objects already looked at, by load address, with the address of one function patched
+    /// in each (if any): a library unloaded and loaded again at the same address has its
+    /// original bytes back there, and is hooked again.
+    seen: HashMap<u64, Option<(u64, [u8; 5])>>,
     /// Slots to build: tracing or counting.
     kind: hook::SlotKind,
 }
@@ -91,9 +163,10 @@ impl Tracer {
         let mut pending = Vec::new();
         let (mut hooked, mut skipped) = (0, 0);
         for (i, obj) in objs.iter().enumerate() {
-            if !self.seen.insert(obj.lo) || hook::never_hook(&obj.path, obj) {
+            if self.seen.get(&obj.lo).is_some_and(|probe| !hook::reloaded(obj, *probe)) || hook::never_hook(&obj.path, obj) {
                 continue;
             }
+            self.seen.insert(obj.lo, None);
             let path = obj.path.to_string_lossy();
             let wanted = i == 0 || self.libs.iter().any(|p| path.contains(p.as_str()));
             if !wanted {
@@ -104,6 +177,7 @@ impl Tracer {
                 Ok(r) => {
                     hooked += r.hooked;
                     skipped += r.skipped;
+                    self.seen.insert(obj.lo, r.patches.first().map(|p| (p.addr, p.bytes)));
                     pending.push(r.patches);
                 }
                 Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),
@@ -113,14 +187,26 @@ impl Tracer {
             self.write_table()?;
             if self.kind == hook::SlotKind::Count {
                 if count::capacity() == 0 {
-                    // Room for libraries loaded later, when there may be some.
-                    let headroom = if self.libs.is_empty() { 0 } else { 16384 };
+                    // Room for libraries loaded later, when there may be some: the counters
+                    // file is sparse and only the pages of counters in use take memory, so
+                    // the room can be generous (libjvm alone has 25,000 functions).
+                    let headroom = if self.libs.is_empty() { 0 } else { count::LATE_HEADROOM.max(3 * self.table.ids()) };
                     count::create(&self.dir, self.sid, self.table.ids() + headroom)?;
                 }
                 count::set_nfuncs(self.table.ids());
             }
+            let mut failed = 0;
             for p in pending {
-                hook::write_patches(&p)?;
+                for (patch, why) in hook::write_patches(&p) {
+                    self.table.unhooked(patch.id, &why);
+                    failed += 1;
+                }
+            }
+            if failed > 0 {
+                // The table said these were hooked; say now that they are not, and why.
+                hooked -= failed;
+                self.write_table()?;
+                warn(&format!("{failed} functions could not be patched (see `fnscope info`)"));
             }
         }
         Ok((hooked, skipped))
@@ -128,26 +214,19 @@ impl Tracer {
 
     fn write_table(&self) -> Result<(), String> {
         let images = self.dir.join("images");
-        std::fs::create_dir_all(&images).map_err(|e| format!("{}: {e}", images.display()))?;
+        sys::mkdir(&images).map_err(|e| format!("{}: {e}", images.display()))?;
         let tmp = images.join(format!("{}.txt.tmp{}", self.sid, self.pid));
-        std::fs::write(&tmp, self.table.text()).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, images.join(format!("{}.txt", self.sid))).map_err(|e| format!("{}: {e}", tmp.display()))
+        sys::write_file(&tmp, self.table.text().as_bytes()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        sys::rename(&tmp, &images.join(format!("{}.txt", self.sid))).map_err(|e| format!("{}: {e}", tmp.display()))
     }
 }
 
-fn setup(shm: &str) -> Result<(), String> {
+fn setup(settings: Settings) -> Result<(), String> {
     let started = std::time::Instant::now();
-    let sid = region::attach(shm)?;
+    let Settings { shm, dir, libs, counting } = settings;
+    let sid = region::attach(&shm)?;
     let pid = sys::getpid();
     region::abandon_previous_images(pid);
-    let dir = PathBuf::from(std::env::var_os(fnscope_abi::ENV_DIR).ok_or("FNSCOPE_DIR is not set")?);
-    let libs: Vec<String> = std::env::var(fnscope_abi::ENV_LIBS)
-        .unwrap_or_default()
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    let counting = std::env::var(fnscope_abi::ENV_MODE).is_ok_and(|m| m == "count");
     COUNT_MODE.store(counting, Ordering::Relaxed);
     thread::install_process_hooks();
     let objs = hook::loaded_objects();
@@ -155,10 +234,10 @@ fn setup(shm: &str) -> Result<(), String> {
     // mode leaves return addresses alone, so the unwinder needs no help.
     let (unwinder, prehooked) = if counting { (0, Vec::new()) } else { unwind::install(&objs) };
     let kind = if counting { hook::SlotKind::Count } else { hook::SlotKind::Trace };
-    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashSet::new(), kind };
+    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashMap::new(), kind };
     let (hooked, skipped) = t.hook_new_objects(&objs)?;
     t.write_table()?;
-    if verbose() {
+    if VERBOSE.load(Ordering::Relaxed) {
         warn(&format!(
             "pid {pid}: {hooked} functions hooked, {skipped} skipped, {unwinder} unwinder hooks, in {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3

@@ -14,6 +14,14 @@ static BASE: AtomicU64 = AtomicU64::new(0);
 static CHUNK_SIZE: AtomicU32 = AtomicU32::new(0);
 static NCHUNKS: AtomicU32 = AtomicU32::new(0);
 static IMAGE_SID: AtomicU32 = AtomicU32::new(0);
+/// Set once the recorder is found gone: records go to [`SCRATCH`], nowhere.
+static RECORDER_GONE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+/// A chunk of private memory that threads fill and refill once the recorder is gone, so that
+/// they run on at the ordinary cost of tracing instead of asking for chunks nobody frees.
+static SCRATCH: AtomicU64 = AtomicU64::new(0);
+/// Path of the region file (leaked at start-up), for removing it when the recorder is gone.
+static PATH: AtomicU64 = AtomicU64::new(0);
+static PATH_LEN: AtomicU64 = AtomicU64::new(0);
 
 /// Maps the region named by `path` and takes an image session id. Start-up only.
 pub fn attach(path: &str) -> Result<u32, String> {
@@ -52,6 +60,9 @@ pub fn attach(path: &str) -> Result<u32, String> {
     unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).agents)) }.fetch_add(1, Ordering::AcqRel);
     CHUNK_SIZE.store(chunk_size, Ordering::Relaxed);
     NCHUNKS.store(nchunks, Ordering::Relaxed);
+    let leaked: &'static str = Box::leak(path.to_string().into_boxed_str());
+    PATH.store(leaked.as_ptr() as u64, Ordering::Relaxed);
+    PATH_LEN.store(leaked.len() as u64, Ordering::Relaxed);
     IMAGE_SID.store(sid, Ordering::Relaxed);
     BASE.store(p as u64, Ordering::Release);
     Ok(sid)
@@ -113,6 +124,9 @@ pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
     if !attached() {
         return None;
     }
+    if RECORDER_GONE.load(Ordering::Relaxed) {
+        return scratch();
+    }
     let n = NCHUNKS.load(Ordering::Relaxed);
     let hdr = header();
     // SAFETY: aligned u32 inside the mapped header.
@@ -141,10 +155,65 @@ pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
         // Waiting only helps when the recorder has full chunks to free; when every chunk is
         // held by a live thread, the record is dropped (and counted) at once.
         let any_full = (0..n).any(|i| state_of(chunk(i)).load(Ordering::Relaxed) == CHUNK_FULL);
+        if any_full && check_recorder() {
+            return scratch();
+        }
         if !any_full || (crate::stubs::tsc().wrapping_sub(deadline) as i64) > 0 {
             return None;
         }
         sys::sched_yield();
+    }
+}
+
+/// Whether the recorder is gone (killed). The first agent to notice removes the region file,
+/// which nobody else would; every agent then stops recording.
+pub fn check_recorder() -> bool {
+    if !attached() {
+        return false;
+    }
+    if RECORDER_GONE.load(Ordering::Relaxed) {
+        return true;
+    }
+    // SAFETY: aligned u32 in the mapped header, written by the recorder before any agent ran.
+    let pid = unsafe { (*header()).recorder_pid };
+    if pid == 0 || sys::process_exists(pid) {
+        return false;
+    }
+    RECORDER_GONE.store(true, Ordering::Relaxed);
+    let (p, n) = (PATH.load(Ordering::Relaxed), PATH_LEN.load(Ordering::Relaxed));
+    // SAFETY: PATH/PATH_LEN describe the string leaked in `attach`.
+    let path = unsafe { core::str::from_utf8_unchecked(core::slice::from_raw_parts(p as *const u8, n as usize)) };
+    sys::unlink(std::path::Path::new(path));
+    sys::write_stderr(b"fnscope: the recorder is gone; tracing stops, the program runs on\n");
+    true
+}
+
+/// The scratch chunk, mapped on first use (raw system call: this runs in a slow path).
+fn scratch() -> Option<Taken> {
+    let size = CHUNK_SIZE.load(Ordering::Relaxed) as usize;
+    let mut c = SCRATCH.load(Ordering::Acquire);
+    if c == 0 {
+        let m = sys::mmap_anon(size) as u64;
+        if m == 0 {
+            return None;
+        }
+        c = match SCRATCH.compare_exchange(0, m, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => m,
+            Err(other) => {
+                sys::munmap(m as *mut u8, size);
+                other
+            }
+        };
+    }
+    let s = c + fnscope_abi::CHUNK_HEADER_SIZE as u64;
+    Some(Taken { chunk: c as *mut ChunkHeader, start: s, end: s + (capacity() * RECORD_SIZE) as u64 })
+}
+
+/// Counts a return that matched no shadow-stack entry.
+pub fn add_unmatched() {
+    if attached() {
+        // SAFETY: aligned u64 inside the mapped header.
+        unsafe { AtomicU64::from_ptr(core::ptr::addr_of_mut!((*header()).unmatched_returns)) }.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -29,7 +29,7 @@
 //!   so a signal handler that calls hooked functions in the middle of a stub takes the next
 //!   slot instead of overwriting this one.
 //! - Anything rare (first call of a thread, full buffer, frames skipped by longjmp or an
-//!   exception) goes to Rust code through `SAVE_ALL`/`RESTORE_ALL`, which preserve all
+//!   exception, noticed at the next entry or exit) goes to Rust code through `SAVE_ALL`/`RESTORE_ALL`, which preserve all
 //!   general-purpose registers and xmm0-15 and align the stack; the Rust side makes raw system
 //!   calls only.
 //!
@@ -145,6 +145,12 @@ fnscope_entry:
     xadd qword ptr [rdx], rcx
     cmp rcx, qword ptr [rdx + 8]
     jae .Lentry_untraced
+    /* A live caller's return slot lies above ours; an entry whose slot is below ours, or is
+       ours, is a frame that a longjmp or an exception left - unless the slot still holds the
+       exit stub: then it is a tail call, whose callee reuses its caller's slot. */
+    cmp qword ptr [rcx - 8], rsp
+    jbe .Lentry_check
+.Lentry_store:
     mov qword ptr [rcx + 8], rax
     mov eax, dword ptr [r11 - 4]
     mov qword ptr [rcx + 16], rax
@@ -217,8 +223,16 @@ fnscope_exit:
     mov rdi, rdx
     lea rsi, [rbp + 208]
     call fnscope_exit_mismatch
+    test eax, eax
     RESTORE_ALL
-    jmp .Lexit_retry
+    jz .Lexit_retry
+    /* The real return address is back in place and the call was recorded already. */
+    mov r11, [rsp - 40]
+    mov rsi, [rsp - 32]
+    mov rcx, [rsp - 24]
+    mov rdx, [rsp - 16]
+    mov rax, [rsp - 8]
+    ret
 .Lentry_untraced:
     /* Shadow stack full, or an untraced thread: run the call unrecorded (its return address
        stays as it is). */
@@ -228,11 +242,34 @@ fnscope_exit:
     mov rax, [rsp - 16]
     mov r11, [rsp - 8]
     jmp qword ptr [rsp - 40]
+.Lentry_check:
+    jb .Lentry_dead
+    lea r11, [rip + fnscope_exit]
+    cmp qword ptr [rsp], r11
+    mov r11, [rsp - 40]
+    je .Lentry_store
+.Lentry_dead:
+    SAVE_ALL
+    mov rdi, rdx
+    lea rsi, [rbp + 208]
+    mov rdx, rcx
+    call fnscope_entry_dead
+    test eax, eax
+    RESTORE_ALL
+    jnz .Lentry_retry
+    jmp .Lentry_store
 .Lentry_init:
     SAVE_ALL
     call fnscope_thread_init
+    test eax, eax
     RESTORE_ALL
-    jmp .Lentry_retry
+    jnz .Lentry_retry
+    /* Not traced yet (the agent is starting): run the call as it is. */
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 40]
     .size fnscope_entry, . - fnscope_entry
 
     /* Pre-hooks on the unwinder: call the Rust handler with the hook kind (the slot's id

@@ -30,6 +30,24 @@ const SYS_SCHED_YIELD: usize = 24;
 const SYS_GETPID: usize = 39;
 const SYS_WRITE: usize = 1;
 const SYS_GETTID: usize = 186;
+const SYS_MREMAP: usize = 25;
+const SYS_MPROTECT: usize = 10;
+const SYS_READ: usize = 0;
+const SYS_CLOSE: usize = 3;
+const SYS_KILL: usize = 62;
+const SYS_RENAME: usize = 82;
+const SYS_MKDIR: usize = 83;
+const SYS_UNLINK: usize = 87;
+const SYS_READLINK: usize = 89;
+const SYS_OPENAT: usize = 257;
+const AT_FDCWD: isize = -100;
+const O_RDONLY: usize = 0;
+const O_WRONLY: usize = 1;
+const O_CREAT: usize = 0o100;
+const O_TRUNC: usize = 0o1000;
+const O_CLOEXEC: usize = 0o2000000;
+const EINTR: isize = 4;
+const EEXIST: isize = 17;
 const PROT_READ: usize = 1;
 const PROT_WRITE: usize = 2;
 const MAP_PRIVATE: usize = 2;
@@ -42,6 +60,20 @@ pub fn mmap_anon(len: usize) -> *mut u8 {
     let r = unsafe {
         syscall6(SYS_MMAP, 0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, usize::MAX, 0)
     };
+    if r < 0 {
+        core::ptr::null_mut()
+    } else {
+        r as *mut u8
+    }
+}
+
+/// Resizes a mapping from [`mmap_anon`], moving it if needed; null on failure (the old
+/// mapping is then untouched).
+pub fn mremap(p: *mut u8, old_len: usize, new_len: usize) -> *mut u8 {
+    const MREMAP_MAYMOVE: usize = 1;
+    // SAFETY: the caller passes a mapping of its own of `old_len` bytes; on failure the
+    // kernel leaves it as it was.
+    let r = unsafe { syscall6(SYS_MREMAP, p as usize, old_len, new_len, MREMAP_MAYMOVE, 0, 0) };
     if r < 0 {
         core::ptr::null_mut()
     } else {
@@ -106,4 +138,131 @@ pub fn restore_signals(old: u64) {
     unsafe {
         syscall6(SYS_RT_SIGPROCMASK, SIG_SETMASK, &old as *const u64 as usize, 0, 8, 0, 0);
     }
+}
+
+/// An error number from a failed system call, printed as the C library would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl core::fmt::Display for Errno {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // std formats it with the C library's strerror_r, which programs do not interpose.
+        write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+    }
+}
+
+fn check(r: isize) -> Result<usize, Errno> {
+    if r < 0 {
+        Err(Errno(-r as i32))
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// A path as the kernel takes it: the bytes and a terminating NUL.
+fn c_path(path: &std::path::Path) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut v = path.as_os_str().as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+/// Changes the protection of the pages `[addr, addr + len)` (page aligned).
+pub fn mprotect(addr: u64, len: usize, prot: u32) -> Result<(), Errno> {
+    // SAFETY: the caller names pages of a module or trampoline area of its own; the kernel
+    // checks that they are mapped.
+    check(unsafe { syscall6(SYS_MPROTECT, addr as usize, len, prot as usize, 0, 0, 0) }).map(|_| ())
+}
+
+/// Reads a whole file without the C library (which a program may interpose or hook).
+pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, Errno> {
+    let p = c_path(path);
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    let fd = check(unsafe { syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_RDONLY | O_CLOEXEC, 0, 0, 0) })?;
+    let mut out: Vec<u8> = Vec::new();
+    let result = loop {
+        if out.capacity() - out.len() < 64 << 10 {
+            out.reserve(out.capacity().max(64 << 10));
+        }
+        let spare = out.capacity() - out.len();
+        // SAFETY: reading into the vector's spare capacity, `spare` bytes long.
+        let r = unsafe { syscall6(SYS_READ, fd, out.as_mut_ptr().add(out.len()) as usize, spare, 0, 0, 0) };
+        match r {
+            0 => break Ok(()),
+            r if r == -EINTR => continue,
+            r if r < 0 => break Err(Errno(-r as i32)),
+            // SAFETY: the kernel wrote `r` bytes after the initialised part.
+            r => unsafe { out.set_len(out.len() + r as usize) },
+        }
+    };
+    // SAFETY: closing the descriptor opened above.
+    unsafe { syscall6(SYS_CLOSE, fd, 0, 0, 0, 0, 0) };
+    result.map(|()| out)
+}
+
+/// Writes `data` to `path` (created or truncated) without the C library.
+pub fn write_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
+    let p = c_path(path);
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    let fd = check(unsafe {
+        syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644, 0, 0)
+    })?;
+    let mut done = 0;
+    let result = loop {
+        if done == data.len() {
+            break Ok(());
+        }
+        // SAFETY: the remaining bytes of `data` are valid for reading.
+        let r = unsafe { syscall6(SYS_WRITE, fd, data.as_ptr().add(done) as usize, data.len() - done, 0, 0, 0) };
+        match r {
+            r if r == -EINTR => continue,
+            r if r <= 0 => break Err(Errno(if r == 0 { 5 } else { -r as i32 })),
+            r => done += r as usize,
+        }
+    };
+    // SAFETY: closing the descriptor opened above.
+    unsafe { syscall6(SYS_CLOSE, fd, 0, 0, 0, 0, 0) };
+    result
+}
+
+/// Renames `from` to `to` (replacing it) without the C library.
+pub fn rename(from: &std::path::Path, to: &std::path::Path) -> Result<(), Errno> {
+    let (a, b) = (c_path(from), c_path(to));
+    // SAFETY: both paths are NUL-terminated and outlive the call.
+    check(unsafe { syscall6(SYS_RENAME, a.as_ptr() as usize, b.as_ptr() as usize, 0, 0, 0, 0) }).map(|_| ())
+}
+
+/// Creates a directory; one that exists already is fine.
+pub fn mkdir(path: &std::path::Path) -> Result<(), Errno> {
+    let p = c_path(path);
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    match check(unsafe { syscall6(SYS_MKDIR, p.as_ptr() as usize, 0o755, 0, 0, 0, 0) }) {
+        Err(Errno(e)) if e as isize == EEXIST => Ok(()),
+        r => r.map(|_| ()),
+    }
+}
+
+/// Removes a file (best effort).
+pub fn unlink(path: &std::path::Path) {
+    let p = c_path(path);
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    unsafe { syscall6(SYS_UNLINK, p.as_ptr() as usize, 0, 0, 0, 0, 0) };
+}
+
+/// The target of a symbolic link (`/proc/self/exe`), or an empty path.
+pub fn readlink(path: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let p = c_path(path);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `p` is NUL-terminated; `buf` is valid for its length.
+    let r = unsafe { syscall6(SYS_READLINK, p.as_ptr() as usize, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0) };
+    buf.truncate(r.max(0) as usize);
+    std::path::PathBuf::from(std::ffi::OsString::from_vec(buf))
+}
+
+/// Whether process `pid` exists (signal 0: nothing is sent).
+pub fn process_exists(pid: u32) -> bool {
+    const ESRCH: isize = 3;
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { syscall6(SYS_KILL, pid as usize, 0, 0, 0, 0, 0) != -ESRCH }
 }

@@ -42,6 +42,15 @@ pub struct ThreadState {
     pub stack_hi: u64,
     /// Number of exceptions in `inflight`.
     pub unwinding: u32,
+    /// Time-stamp counter at the thread's latest `longjmp`: frames found skipped later ended
+    /// then (see [`jumped`]).
+    pub t_jump: u64,
+    /// The last entries [`fnscope_entry_dead`] removed, newest at `graveyard_next - 1`: if one
+    /// of them was alive after all (code that calls from above its own return slot, as libffi
+    /// does) its return still finds its way (see [`fnscope_exit_mismatch`]).
+    pub graveyard: [ShadowEntry; GRAVEYARD],
+    /// Where the next removed entry goes in `graveyard` (modulo its size).
+    pub graveyard_next: u32,
     /// Exception objects being unwound through restored frames (the frames are re-armed
     /// when the last one is caught): a rethrow enters the unwinder twice with the same object, and an
     /// exception thrown and caught inside a destructor during unwinding must not re-arm the
@@ -49,12 +58,16 @@ pub struct ThreadState {
     pub inflight: [u64; MAX_INFLIGHT],
 }
 
+/// Entries removed as gone that a thread remembers.
+pub const GRAVEYARD: usize = 4;
+
 /// Exceptions tracked at once per thread; beyond that, frames are re-armed only when all
 /// are caught.
 pub const MAX_INFLIGHT: usize = 8;
 
 /// One shadow-stack entry, 32 bytes, laid out as the stubs write it.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ShadowEntry {
     /// The caller's real return address.
     pub ret: u64,
@@ -105,6 +118,9 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     stack_lo: 0,
     stack_hi: 0,
     unwinding: 0,
+    t_jump: 0,
+    graveyard: [ShadowEntry { ret: 0, t_entry: 0, id: 0, slot: 0 }; GRAVEYARD],
+    graveyard_next: 0,
     inflight: [0; MAX_INFLIGHT],
 }));
 
@@ -141,18 +157,24 @@ pub fn register_exit() {
     unsafe { libc::pthread_setspecific(KEY, core::ptr::dangling::<libc::c_void>()) };
 }
 
-/// First hooked call of a thread: sets up its state. Called by the entry stub.
+/// First hooked call of a thread: sets up its state. Called by the entry stub, which retries
+/// the call traced when this returns 1 and runs it untraced when it returns 0.
+///
+/// Before the agent is active (hooked functions that run while it sets up: a program's own
+/// `getenv` or `malloc`, libc's when libc is hooked) the thread is left unset, so that its
+/// first call after start-up sets it up: nothing start-up passes through disables a thread
+/// for good.
 #[no_mangle]
-extern "C" fn fnscope_thread_init() {
+extern "C" fn fnscope_thread_init() -> u32 {
+    if !crate::active() {
+        return 0;
+    }
     // SAFETY: marks this thread untraced first, so that hooked functions called below (libc's,
     // when libc is hooked) take the untraced path instead of coming back here.
     unsafe { stubs::fnscope_tls_set(disabled()) };
-    if !crate::active() {
-        return;
-    }
     let mem = sys::mmap_anon(4096 + SHADOW_BYTES);
     if mem.is_null() {
-        return;
+        return 0;
     }
     let st = mem as *mut ThreadState;
     let base = mem as u64 + 4096;
@@ -161,6 +183,9 @@ extern "C" fn fnscope_thread_init() {
     unsafe {
         (*st).ss_base = base;
         (*st).ss_top = base;
+        // The entry stub compares each new return slot with the slot of the entry below it:
+        // below the first entry is this sentinel, above every slot.
+        *((base - 8) as *mut u64) = u64::MAX;
         (*st).ss_limit = base + SHADOW_BYTES as u64;
         (*st).pid = sys::getpid();
         (*st).tid = sys::gettid();
@@ -170,6 +195,7 @@ extern "C" fn fnscope_thread_init() {
         libc::pthread_setspecific(KEY, st as *const libc::c_void);
         stubs::fnscope_tls_set(st);
     }
+    1
 }
 
 /// Bounds of the calling thread's stack, or (0, 0).
@@ -200,26 +226,144 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
         return;
     }
     let st = p as *mut ThreadState;
+    let here = 0u8;
+    let sp = core::ptr::addr_of!(here) as u64;
     // SAFETY: `p` is the state this thread registered in `fnscope_thread_init`. Entries still
     // on its shadow stack are calls that `pthread_exit` (a forced unwind) or a cancellation
-    // ended.
+    // ended, or hooked frames that return only after this destructor (libc's `start_thread`
+    // when libc is hooked).
     unsafe {
         emit_open_calls(st, stubs::tsc());
         finish(st);
-        // Hooked code that runs in later destructors of this thread goes untraced; the state
-        // and shadow stack are given back unless a frame on the stack could still return into
-        // the exit stub (then they stay: a few pages, rather than a crash).
+        // They were recorded just above: they return past the exit stub from now on, and the
+        // state and shadow stack can go; hooked code in later destructors runs untraced.
+        disarm_all(st, sp);
         stubs::fnscope_tls_set(disabled());
-        let exit = stubs::fnscope_exit as *const () as u64;
-        let mut p = (*st).ss_top;
-        let mut armed = false;
-        while p > (*st).ss_base {
+        sys::munmap(st as *mut u8, 4096 + SHADOW_BYTES);
+    }
+}
+
+/// Forgets every open call of the thread without recording anything: frames below `sp`
+/// (the caller's stack pointer) are gone, the others get their real return address back.
+///
+/// # Safety
+/// `st` must be the calling thread's state, and `sp` below every live hooked frame.
+unsafe fn disarm_all(st: *mut ThreadState, sp: u64) {
+    // SAFETY: per the caller's guarantee; entries between base and top are initialised.
+    unsafe {
+        while (*st).ss_top > (*st).ss_base && (*(((*st).ss_top - 32) as *const ShadowEntry)).slot < sp {
+            (*st).ss_top -= 32;
+        }
+        set_return_addresses(st, false);
+        write_volatile(addr_of_mut!((*st).ss_top), (*st).ss_base);
+    }
+}
+
+/// When a call found left by a `longjmp` (or an exception the unwinder hooks did not see)
+/// ended: at the thread's latest `longjmp` if that came after the call began, else `now`,
+/// when it was noticed.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn gone_at(st: *mut ThreadState, t_entry: u64, now: u64) -> u64 {
+    // SAFETY: per the caller's guarantee.
+    let jump = unsafe { (*st).t_jump };
+    if jump >= t_entry && jump <= now {
+        jump
+    } else {
+        now
+    }
+}
+
+/// Code range `[start, end)` of each hooked function, by id: a fixed-size table (only the
+/// pages of ids in use are ever touched) so that slow paths of any thread read it without a
+/// lock while `dlopen` adds functions.
+static RANGES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+const MAX_RANGES: usize = 1 << 22;
+
+/// Notes the code range of function `id` (at hooking time, before its jump is written).
+pub fn set_range(id: u32, start: u64, end: u64) {
+    use core::sync::atomic::Ordering;
+    let mut t = RANGES.load(Ordering::Acquire);
+    if t == 0 {
+        t = sys::mmap_anon(MAX_RANGES * 16) as u64;
+        RANGES.store(t, Ordering::Release);
+    }
+    if t != 0 && (id as usize) < MAX_RANGES {
+        // SAFETY: the entry lies inside the table; only the hooking thread writes, before any
+        // record can carry this id.
+        unsafe { *((t as *mut [u64; 2]).add(id as usize)) = [start, end] };
+    }
+}
+
+/// Whether `addr` lies in the code of function `id`.
+fn in_function(id: u64, addr: u64) -> bool {
+    let t = RANGES.load(core::sync::atomic::Ordering::Acquire);
+    if t == 0 || id as usize >= MAX_RANGES {
+        return false;
+    }
+    // SAFETY: inside the table; entries of ids handed out were written before use.
+    let [start, end] = unsafe { *((t as *const [u64; 2]).add(id as usize)) };
+    addr >= start && addr < end
+}
+
+/// Pre-hook of `longjmp` and its kin: remember when, so that the frames it skips end then.
+pub fn jumped() {
+    if let Some(st) = current() {
+        // SAFETY: `st` is this thread's state.
+        unsafe { (*st).t_jump = stubs::tsc() };
+    }
+}
+
+/// The entry stub found that the entry below its new one (`slot`, reserved) is not a caller:
+/// its return slot lies below this call's (`rsp`) and the call does not return into its
+/// code, or is this call's slot and holds something else than the exit stub (not a tail
+/// call), so its frame is gone (a `longjmp` or an exception left it, and the thread now calls
+/// from as high up the stack or higher). Such entries, on
+/// the thread's own stack, are recorded as unwound and removed; the stub then enters the call
+/// again (returns 1). Entries on another stack (a coroutine's) stay, and the call is entered
+/// above them (returns 0).
+#[no_mangle]
+extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u32 {
+    let now = stubs::tsc();
+    // SAFETY: the entry stub passes this thread's state and the entry it reserved; entries
+    // below it are initialised. A signal handler that ran since pushed and popped above it.
+    unsafe {
+        let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
+        let on_stack = |a: u64| a >= lo && a < hi;
+        if !on_stack(rsp) {
+            return 0;
+        }
+        let base = (*st).ss_base;
+        let ret = read_volatile(rsp as *const u64);
+        let tail_call = ret == stubs::fnscope_exit as *const () as u64;
+        let mut k = slot;
+        while k > base {
+            let e = (k - 32) as *const ShadowEntry;
+            // A frame that calls from above its own return slot (libffi's ffi_call_unix64 builds
+            // a frame in memory its caller reserved) is alive: the call returns into its code.
+            let dead = ((*e).slot < rsp && !in_function((*e).id, ret)) || ((*e).slot == rsp && !tail_call);
+            if !dead || !on_stack((*e).slot) {
+                break;
+            }
+            k -= 32;
+        }
+        if k == slot {
+            return 0;
+        }
+        // Deepest first: records are in the order calls end.
+        let mut p = slot;
+        while p > k {
             p -= 32;
-            armed |= read_volatile((*(p as *const ShadowEntry)).slot as *const u64) == exit;
+            let e = core::ptr::read(p as *const ShadowEntry);
+            let g = (*st).graveyard_next as usize % GRAVEYARD;
+            (*st).graveyard[g] = e;
+            (*st).graveyard_next = (*st).graveyard_next.wrapping_add(1);
+            let depth = ((p - base) / 32) as u32;
+            emit(st, Record::new(e.t_entry, gone_at(st, e.t_entry, now), e.id as u32, depth, REC_FLAG_UNWOUND));
         }
-        if !armed {
-            sys::munmap(st as *mut u8, 4096 + SHADOW_BYTES);
-        }
+        write_volatile(addr_of_mut!((*st).ss_top), k);
+        1
     }
 }
 
@@ -272,15 +416,21 @@ unsafe fn filled(st: *mut ThreadState, c: *mut ChunkHeader) -> u32 {
 }
 
 /// After `fork`, in the child: the chunk being filled belongs to the parent's thread. Start a
-/// stream of the child's own; the shadow stack (private memory) was copied and stays valid.
+/// stream of the child's own, with no open call.
 extern "C" fn after_fork_child() {
     if crate::count_mode() {
         crate::count::after_fork_child();
         return;
     }
     let Some(st) = current() else { return };
-    // SAFETY: `st` is this thread's state; the child has only this thread.
+    let here = 0u8;
+    let sp = core::ptr::addr_of!(here) as u64;
+    // SAFETY: `st` is this thread's state; the child has only this thread. A call belongs to
+    // the process that entered it: calls open at the fork are the parent's (it records them,
+    // and count mode counted them there), so in the child they return past the exit stub and
+    // its own calls start at depth 0.
     unsafe {
+        disarm_all(st, sp);
         (*st).chunk = core::ptr::null_mut();
         (*st).prev_chunk = core::ptr::null_mut();
         (*st).buf_end = 0;
@@ -441,12 +591,6 @@ unsafe fn pop_below(st: *mut ThreadState, limit: u64, now: u64) {
     }
 }
 
-fn fatal(msg: &[u8]) -> ! {
-    sys::write_stderr(msg);
-    // SAFETY: abort never returns; nothing else is sound once a return address is lost.
-    unsafe { libc::abort() }
-}
-
 /// The exit stub found that the top shadow entry is not this frame's. Either frames above
 /// it were left without returning (`longjmp`, an exception caught without the unwinder
 /// hooks), or the program switches stacks (coroutines: `swapcontext`, hand-written
@@ -457,8 +601,15 @@ fn fatal(msg: &[u8]) -> ! {
 /// are dead when both they and `rsp` lie on the thread's own stack below `rsp` (frames a
 /// `longjmp` skipped): they are recorded as unwound. Entries on other stacks belong to
 /// suspended coroutines and are kept, in order.
+///
+/// When no entry has this slot, the function moved its return address and returned from
+/// another stack pointer (hand-written assembly such as libffi's `ffi_call_unix64` does):
+/// the newest entry is the call returning, so it is taken, and the event counted.
+///
+/// Returns 1 when it put the real return address in place itself (the stub then returns
+/// without a record), 0 when the stub should pop the top entry.
 #[no_mangle]
-extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
+extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
     let now = stubs::tsc();
     // SAFETY: the exit stub passes this thread's state; entries between `ss_base` and
     // `ss_top` are initialised. A signal handler running meanwhile pushes and pops at
@@ -469,7 +620,24 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
         let mut k = top;
         loop {
             if k <= base {
-                fatal(b"fnscope: a hooked function returned but its return address is not on the shadow stack; aborting (please report this program)\n");
+                region::add_unmatched();
+                // A call removed as gone but newer than every open one was alive after all: it
+                // is the one returning. It was recorded when it was removed.
+                let newest_open = if top > base { (*((top - 32) as *const ShadowEntry)).t_entry } else { 0 };
+                let grave = &mut (*st).graveyard;
+                if let Some(g) = grave.iter_mut().filter(|g| g.ret != 0 && g.t_entry > newest_open).max_by_key(|g| g.t_entry) {
+                    write_volatile(rsp as *mut u64, g.ret);
+                    g.ret = 0;
+                    return 1;
+                }
+                if top <= base {
+                    // No call to return from: this thread's state was replaced under it. No
+                    // program can go on without a return address.
+                    sys::write_stderr(b"fnscope: a hooked function returned through fnscope but this thread has no open call; aborting (please report this program)\n");
+                    libc::abort();
+                }
+                (*((top - 32) as *mut ShadowEntry)).slot = rsp;
+                return 0;
             }
             k -= 32;
             if (*(k as *const ShadowEntry)).slot == rsp {
@@ -485,7 +653,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
             let e = core::ptr::read(r as *const ShadowEntry);
             if e.slot < rsp && on_stack(rsp) && on_stack(e.slot) {
                 let depth = ((r - base) / 32) as u32;
-                emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
+                emit(st, Record::new(e.t_entry, gone_at(st, e.t_entry, now), e.id as u32, depth, REC_FLAG_UNWOUND));
             } else {
                 core::ptr::write(w as *mut ShadowEntry, e);
                 w += 32;
@@ -495,6 +663,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) {
         core::ptr::write(w as *mut ShadowEntry, matched);
         write_volatile(addr_of_mut!((*st).ss_top), w + 32);
     }
+    0
 }
 
 /// An exception starts unwinding: give every hooked frame its real return address back so
@@ -592,10 +761,77 @@ unsafe fn emit_open_calls(st: *mut ThreadState, now: u64) {
     }
 }
 
-/// Process exit (the agent's destructor, inside `exit`): calls still open on this thread will
-/// never return; record them as ending now and hand the chunk over.
+/// Calls still open when this thread calls `exec`: written after the thread's last record
+/// without being counted in, so that they are in the trace only if the exec succeeds (the new
+/// image's agent then publishes the chunk as abandoned, reading records up to the first empty
+/// one). Returns where they went, for [`exec_failed`].
+pub fn exec_begins() -> Option<(u64, usize)> {
+    if crate::count_mode() {
+        return None;
+    }
+    let st = current()?;
+    let now = stubs::tsc();
+    // SAFETY: `st` is this thread's state (checked to be this process's: a `vfork` child shares
+    // its parent's); signals are blocked and `in_slow` set while the chunk may be swapped.
+    unsafe {
+        if (*st).pid != sys::getpid() || (*st).exited != 0 || (*st).in_slow != 0 {
+            return None;
+        }
+        let base = (*st).ss_base;
+        let open = (((*st).ss_top - base) / 32) as usize;
+        if open == 0 {
+            return None;
+        }
+        let mask = sys::block_signals();
+        write_volatile(addr_of_mut!((*st).in_slow), 1);
+        let need = (open * RECORD_SIZE) as u64;
+        if (*st).buf_ptr + need > (*st).buf_end {
+            refill(st);
+        }
+        let room = ((*st).buf_end.saturating_sub((*st).buf_ptr) / RECORD_SIZE as u64) as usize;
+        let n = open.min(room);
+        let at = (*st).buf_ptr;
+        // The outermost `n` calls, deepest first (the order calls end in).
+        for i in 0..n {
+            let depth = n - 1 - i;
+            let e = (base + depth as u64 * 32) as *const ShadowEntry;
+            let r = (at + (i * RECORD_SIZE) as u64) as *mut Record;
+            write_volatile(addr_of_mut!((*r).t_entry), (*e).t_entry);
+            write_volatile(addr_of_mut!((*r).t_exit), now);
+            let rec = Record::new((*e).t_entry, now, (*e).id as u32, depth as u32, REC_FLAG_UNWOUND);
+            write_volatile(addr_of_mut!((*r).id_depth), rec.id_depth);
+        }
+        write_volatile(addr_of_mut!((*st).in_slow), 0);
+        sys::restore_signals(mask);
+        (n > 0).then_some((at, n))
+    }
+}
+
+/// The exec failed: the calls it would have ended go on, so their records from
+/// [`exec_begins`] are wiped.
+pub fn exec_failed(pending: Option<(u64, usize)>) {
+    let Some((at, n)) = pending else { return };
+    for i in 0..n {
+        let r = (at + (i * RECORD_SIZE) as u64) as *mut Record;
+        // SAFETY: the records written by `exec_begins`, past the thread's last record, in its
+        // chunk; the marker word goes first so that no reader takes a half-wiped record.
+        unsafe {
+            write_volatile(addr_of_mut!((*r).id_depth), 0);
+            write_volatile(addr_of_mut!((*r).t_entry), 0);
+            write_volatile(addr_of_mut!((*r).t_exit), 0);
+        }
+    }
+}
+
+/// Process exit (the agent's destructor inside `exit`, or `_exit` and `abort`): calls still
+/// open on this thread will never return; record them as ending now and hand the chunk over.
 pub fn process_exit() {
     let Some(st) = current() else { return };
+    // SAFETY: reads this thread's state. A `vfork` child runs on its parent's state, which is
+    // not its to finish.
+    if unsafe { (*st).pid } != sys::getpid() {
+        return;
+    }
     // SAFETY: `st` is this thread's state. Entries are not popped: `exit` never returns into
     // those frames, and leaving them keeps the stack consistent for hooked code that still
     // runs after us (later destructors), whose records are dropped.

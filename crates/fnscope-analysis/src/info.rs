@@ -73,14 +73,17 @@ pub fn info(path: &Path) -> Result<Info, AnalysisError> {
         for s in &t.skipped {
             *skipped_by_reason.entry(s.reason.clone()).or_insert(0) += 1;
         }
+        if !t.unhooked.is_empty() {
+            *skipped_by_reason.entry(fnscope_abi::skip_reason::PATCH_FAILED.to_string()).or_insert(0) += t.unhooked.len() as u64;
+        }
         images.push(ImageInfo {
             sid: t.sid,
             pid: t.pid,
             exe: t.exe.clone(),
             args: t.args.clone(),
             modules: t.modules.clone(),
-            functions_hooked: t.funcs.len() as u64,
-            skipped: t.skipped.len() as u64,
+            functions_hooked: (t.funcs.len() - t.unhooked.len()) as u64,
+            skipped: (t.skipped.len() + t.unhooked.len()) as u64,
         });
     }
     if let Some(e) = &trace.end {

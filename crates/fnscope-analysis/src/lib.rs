@@ -199,6 +199,21 @@ fn pass(
                 .into(),
         );
     }
+    let unhooked: usize = t.images.values().map(|i| i.unhooked.len()).sum();
+    if unhooked > 0 {
+        let why = t.images.values().flat_map(|i| &i.unhooked).map(|u| u.1.as_str()).next().unwrap_or_default();
+        t.warnings.push(format!(
+            "{unhooked} functions chosen for hooking could not be patched ({why}); their calls are \
+             not in this trace (`fnscope info` lists them per process)"
+        ));
+    }
+    if let Some(e) = t.end.as_ref().filter(|e| e.unmatched_returns > 0) {
+        t.warnings.push(format!(
+            "{} returns matched no open call of their thread (code that moves its own return \
+             address); each was matched to the newest call it could be the return of",
+            e.unmatched_returns
+        ));
+    }
     if !seen_meta {
         t.warnings
             .push("the trace has no META chunk: command line and start time unknown".into());

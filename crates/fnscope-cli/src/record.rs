@@ -135,6 +135,7 @@ impl Region {
             (*hdr).version = fnscope_abi::REGION_VERSION;
             (*hdr).chunk_size = chunk_size;
             (*hdr).nchunks = nchunks;
+            (*hdr).recorder_pid = std::process::id();
         }
         Ok(Region { map, path, chunk_size, nchunks })
     }
@@ -158,6 +159,12 @@ impl Region {
         let n = n.min(records_per_chunk(self.chunk_size));
         // SAFETY: the record area of chunk i holds records_per_chunk records, 8-byte aligned.
         unsafe { std::slice::from_raw_parts((self.chunk(i) as *const u8).add(CHUNK_HEADER_SIZE) as *const Record, n) }
+    }
+
+    fn unmatched_returns(&self) -> u64 {
+        // SAFETY: aligned u64 in the header, updated by agents atomically.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header()).unmatched_returns)) }
+            .load(Ordering::Relaxed)
     }
 
     fn lost(&self) -> u64 {
@@ -429,6 +436,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         exit_status,
         killed_by_signal,
         lost_records: lost,
+        unmatched_returns: rec.region.unmatched_returns(),
         processes: rec.pids.iter().copied().collect(),
     })?;
     rec.writer.flush()?;
@@ -439,6 +447,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let bytes = rec.writer.bytes_written();
     let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
     let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
+    let unmatched = rec.region.unmatched_returns();
+    if unmatched > 0 {
+        eprintln!(
+            "fnscope: warning: {unmatched} returns matched no open call (code that moves its own return address); \
+             each was matched to the newest call it could be the return of"
+        );
+    }
     if opts.count {
         eprintln!(
             "fnscope: {} functions hooked, {} skipped; {} calls counted in {} process(es); trace {} in {}",
@@ -531,8 +546,9 @@ fn count_hooks(sids: &HashSet<u32>, rec: &Recorder) -> (usize, usize) {
     let (mut h, mut s) = (0, 0);
     for sid in sids {
         if let Ok(text) = std::fs::read_to_string(rec.dir.join("images").join(format!("{sid}.txt"))) {
-            h += text.lines().filter(|l| l.starts_with("func\t")).count();
-            s += text.lines().filter(|l| l.starts_with("skip\t")).count();
+            let unhooked = text.lines().filter(|l| l.starts_with("unhooked\t")).count();
+            h += text.lines().filter(|l| l.starts_with("func\t")).count() - unhooked;
+            s += text.lines().filter(|l| l.starts_with("skip\t")).count() + unhooked;
         }
     }
     (h, s)

@@ -87,6 +87,32 @@ fn linked_and_dlopened_libraries_are_hooked_with_lib() {
 }
 
 #[test]
+fn library_loaded_again_at_the_same_address_is_hooked_again() {
+    let dir = TempDir::new("reload");
+    build(dir.path());
+    let plugin = dir.join("libplugin.so");
+    let args = [path_str(&plugin), "reload"];
+    let inv = Invocation::new(dir.join("dlopen_main"), dir.path()).args(&args).record_args(&["--lib", "libplugin"]);
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    // Only a reload at the same address shows the fault this guards against.
+    assert!(native.stdout.contains("reloaded at the same address"), "{}", native.stdout);
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let stats = report(&trace).expect("report");
+    // Each copy prints its own counts: their sum is what both copies ran.
+    let mut want: std::collections::BTreeMap<String, u64> = Default::default();
+    for (name, n) in own_counts(&native.stderr) {
+        *want.entry(name).or_default() += n;
+    }
+    for name in ["plugin_square", "plugin_sum"] {
+        assert_eq!(calls_of(&stats, "libplugin.so", name).0, want[name], "calls of {name} over both copies\n{}", info(&trace));
+    }
+}
+
+#[test]
 fn libraries_are_left_alone_without_lib() {
     let dir = TempDir::new("nolibs");
     build(dir.path());

@@ -197,6 +197,8 @@ struct Case<'a> {
     stdin: &'a [u8],
     /// The exit code the program has natively (128+N when it dies by signal N).
     code: i32,
+    /// Options of `fnscope record`.
+    record_args: &'a [&'a str],
 }
 
 impl<'a> Case<'a> {
@@ -209,14 +211,14 @@ impl<'a> Case<'a> {
             env: &[],
             stdin: b"",
             code: 0,
+            record_args: &[],
         }
     }
 }
 
 /// What a finished case leaves for further checks.
 struct Outcome {
-    /// Never read: it keeps the directory (program, trace) until the test ends.
-    #[allow(dead_code)]
+    /// The test's directory (program, trace), kept until the test ends.
     dir: TempDir,
     trace: PathBuf,
     native: Run,
@@ -230,7 +232,8 @@ fn check_case(case: &Case) -> Outcome {
     let exe = compile(case.source, dir.path(), case.name, case.flags);
     let mut inv = Invocation::new(&exe, dir.path())
         .args(case.args)
-        .stdin(case.stdin);
+        .stdin(case.stdin)
+        .record_args(case.record_args);
     for (k, v) in case.env {
         inv = inv.env(k, v);
     }
@@ -314,6 +317,106 @@ fn basic_o2() {
         !text.to_lowercase().contains("abrupt"),
         "normal end reported as abrupt:\n{text}"
     );
+}
+
+#[test]
+fn program_defining_getenv_is_traced() {
+    // -rdynamic exports the program's getenv, which then serves every getenv of the process,
+    // the agent's included (bash does the same): before, the main thread recorded nothing.
+    check_case(&Case { flags: &["-O2", "-g", "-rdynamic"], ..Case::new("own_libc.c", "own_getenv") });
+}
+
+#[test]
+fn program_with_its_own_8_byte_aligned_malloc_is_traced() {
+    // Before, the agent's start-up allocated from this malloc and crashed on a block that was
+    // not 16-byte aligned.
+    check_case(&Case { flags: &["-O2", "-g", "-rdynamic", "-DOWN_MALLOC"], ..Case::new("own_libc.c", "own_malloc") });
+}
+
+#[test]
+fn threads_with_libc_hooked() {
+    // With libc hooked, the agent's start-up ran through hooked libc functions (the main
+    // thread then recorded nothing), and threads crashed at exit: libc frames of
+    // start_thread were still armed when the thread's state went away.
+    let out = check_case(&Case { record_args: &["--lib", "libc.so"], ..Case::new("threads.c", "threads_libc") });
+    let stats = report(&out.trace).expect("report");
+    let libc_calls = calls_per_module(&stats).get("libc.so.6").copied().unwrap_or(0);
+    assert!(libc_calls > 0, "no libc calls recorded with --lib libc.so\n{}", info(&out.trace));
+}
+
+#[test]
+fn return_address_moved_by_hand_written_code() {
+    // move_ret returns from another stack pointer (as libffi's ffi_call_unix64 does): the
+    // exit stub must go on, and say so.
+    let out = check_case(&Case::new("moved_return.c", "moved_return"));
+    let summary = fnscope_cmd(&["report", "-i", path_str(&out.trace)]);
+    assert!(
+        summary.stderr.contains("1000 returns matched no open call"),
+        "the unmatched returns are not reported\n{}",
+        summary.describe()
+    );
+}
+
+/// Region files of the recorder with process id `pid` (`/dev/shm/fnscope-<pid>-<time>`).
+fn region_files(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("fnscope-{pid}-");
+    fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn recorder_killed_program_runs_on() {
+    // Before, a program whose recorder was killed asked for buffers nobody would free again,
+    // two seconds per call, and the region file stayed in /dev/shm.
+    let dir = TempDir::new("recorder-killed");
+    let exe = compile("busy_calls.c", dir.path(), "busy_calls", O2);
+    let native = Invocation::new(&exe, dir.path()).run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let mut child = Command::new(fnscope())
+        .arg("record")
+        .arg("-o")
+        .arg(dir.join("trace"))
+        .arg("--")
+        .arg(&exe)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start fnscope record");
+    let pid = child.id();
+    let start = Instant::now();
+    while region_files(pid).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(30), "fnscope record made no region file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().expect("kill the recorder");
+    child.wait().expect("reap the recorder");
+    // The program, orphaned, holds the output pipes until it ends.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut o, mut e) = (String::new(), String::new());
+        let _ = out.read_to_string(&mut o);
+        let _ = err.read_to_string(&mut e);
+        let _ = tx.send((o, e));
+    });
+    let (stdout, stderr) = rx
+        .recv_timeout(Duration::from_secs(90))
+        .expect("the program did not finish within 90 s of its recorder's death");
+    assert_eq!(stdout, native.stdout, "program output changed; stderr:\n{stderr}");
+    assert_eq!(program_stderr(&stderr), native.stderr);
+    assert!(stderr.contains("the recorder is gone"), "the program did not say it stopped tracing:\n{stderr}");
+    assert_eq!(region_files(pid), Vec::<PathBuf>::new(), "the region file was left behind");
 }
 
 #[test]
@@ -460,9 +563,79 @@ fn cpp_exceptions() {
     check_case(&Case::new("exceptions.cpp", "exceptions"));
 }
 
+/// The nesting depth of every call of `name` in `fnscope replay`'s tree (0 = outermost).
+fn replay_depths(trace: &Path, name: &str) -> Vec<usize> {
+    let r = fnscope_cmd(&["replay", "-i", path_str(trace)]);
+    assert_eq!(r.code, 0, "replay failed\n{}", r.describe());
+    r.stdout
+        .lines()
+        .filter_map(|l| {
+            let tree = l.split_once("| ")?.1;
+            let text = tree.trim_start();
+            let opens = text.starts_with(&format!("{name}() {{")) || text.starts_with(&format!("{name}();"));
+            opens.then(|| (tree.len() - text.len()) / 2)
+        })
+        .collect()
+}
+
 #[test]
 fn longjmp_and_siglongjmp() {
-    check_case(&Case::new("jumps.c", "jumps"));
+    let out = check_case(&Case::new("jumps.c", "jumps"));
+    // main's loop calls jmp_a and after_jump at the same level each time; before, a call made
+    // after a longjmp nested inside the frames the jump had left.
+    assert_eq!(replay_depths(&out.trace, "jmp_a").len(), 200);
+    for name in ["jmp_a", "after_jump"] {
+        let depths = replay_depths(&out.trace, name);
+        assert!(depths.iter().all(|&d| d == 1), "{name} is not always a child of main: depths {depths:?}");
+    }
+}
+
+#[test]
+fn destructors_during_unwinding_sit_in_their_frame() {
+    let out = check_case(&Case::new("unwind_cleanup.cpp", "unwind_cleanup"));
+    // main > catcher > thrower(3) > ... > thrower(0): throwers at depths 2..=5, and each
+    // cleanup one level below the thrower whose destructor ran it.
+    let mut throwers = replay_depths(&out.trace, "thrower");
+    let mut cleanups = replay_depths(&out.trace, "cleanup");
+    throwers.sort();
+    cleanups.sort();
+    assert_eq!(throwers.iter().map(|d| d + 1).collect::<Vec<_>>(), cleanups, "thrower and cleanup depths");
+    assert_eq!(cleanups.iter().filter(|&&d| d == 6).count(), 10, "{cleanups:?}");
+}
+
+#[test]
+fn exec_with_an_environment_of_its_own_is_followed() {
+    // posix_spawn and execve with environments lacking LD_PRELOAD: before, the new programs
+    // ran untraced. main and before_exec are open when the first image execs: they end with
+    // the exec (before, they were lost), and before the new image's calls.
+    let out = check_case(&Case::new("exec_env.c", "exec_env"));
+    let r = fnscope_cmd(&["replay", "-i", path_str(&out.trace), "--format", "lines"]);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let pos = |what: &str| r.stdout.lines().position(|l| l.ends_with(what)).unwrap_or_else(|| panic!("no {what:?} in\n{}", r.stdout));
+    assert!(pos("leave:before_exec") < pos("enter:final_work"), "the pre-exec call comes after the new image's calls:\n{}", r.stdout);
+}
+
+#[test]
+fn call_open_at_fork_is_the_parents() {
+    // spawner is running when the process forks: one call in both modes (before, timing mode
+    // recorded it in the parent and again in the child).
+    let out = check_case(&Case::new("fork_open.c", "fork_open"));
+    let trace = out.dir.path().join("count");
+    let exe = out.dir.path().join("fork_open");
+    let counted = Invocation::new(&exe, out.dir.path()).record_args(&["--mode", "count"]).run_recorded(&trace);
+    assert_eq!(counted.code, 0, "{}", counted.describe());
+    let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}\n{}", r.describe()));
+    for (name, &(_, n)) in &out.counts {
+        let calls: u64 = json
+            .as_array()
+            .expect("a JSON array")
+            .iter()
+            .filter(|f| f["module"] == "fork_open" && f["name"] == name.as_str())
+            .map(|f| f["calls"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(calls, n, "count mode: calls of {name}");
+    }
 }
 
 #[test]

@@ -22,6 +22,9 @@ pub struct ImageTable {
     pub funcs: Vec<FuncEntry>,
     /// Functions that were not hooked, with the reason.
     pub skipped: Vec<SkipEntry>,
+    /// Functions listed in `funcs` whose jump could not be written after all (the table is
+    /// written before patching), by id, with the reason.
+    pub unhooked: Vec<(u32, String)>,
 }
 
 /// One ELF module of an image.
@@ -153,6 +156,11 @@ impl ImageTable {
                         detail: f[4].to_string(),
                         raw_name: f[5].to_string(),
                     });
+                }
+                "unhooked" => {
+                    let (id, why) = rest.split_once('\t').unwrap_or((rest, ""));
+                    let id = dec(id).ok_or_else(|| bad(n, format!("bad function id `{id}`")))?;
+                    t.unhooked.push((id, why.to_string()));
                 }
                 _ => {}
             }

@@ -163,6 +163,9 @@ pub struct EndInfo {
     pub killed_by_signal: Option<i32>,
     /// Records dropped because the shared region was full.
     pub lost_records: u64,
+    /// Returns that matched no open call of their thread (code that moves its own return
+    /// address); each was matched to the newest call it could be the return of.
+    pub unmatched_returns: u64,
     /// Process ids that were traced.
     pub processes: Vec<u32>,
 }

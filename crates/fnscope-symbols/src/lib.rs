@@ -69,6 +69,11 @@ pub struct Function {
     pub not_entry_why: Option<&'static str>,
     /// Where the name comes from.
     pub source: SymSource,
+    /// Whether `.eh_frame` describes this code. Compilers emit call frame information for
+    /// every function they build; code without it was generated or written by hand (V8's
+    /// builtins, JIT stubs), and the runtimes that own such code often walk its frames
+    /// themselves.
+    pub has_cfi: bool,
 }
 
 impl Function {
@@ -580,6 +585,7 @@ fn merge(mut cands: Vec<Cand>, scan: &cfi::CfiScan, entry_point: u64) -> Vec<Fun
             entry: verdict.is_ok(),
             not_entry_why: verdict.err(),
             source,
+            has_cfi: piece.is_some() || scan.inner.contains_key(&address),
         });
     }
     out

@@ -195,6 +195,10 @@ pub struct Invocation {
     pub cwd: PathBuf,
     pub env: Vec<(String, String)>,
     pub stdin: Vec<u8>,
+    /// Options of `fnscope record` (before `--`).
+    pub record_args: Vec<String>,
+    /// Time limit of each run, if not [`TIMEOUT`].
+    pub timeout: Option<Duration>,
 }
 
 impl Invocation {
@@ -216,6 +220,16 @@ impl Invocation {
         self
     }
 
+    pub fn record_args<S: AsRef<str>>(mut self, args: &[S]) -> Invocation {
+        self.record_args = args.iter().map(|a| a.as_ref().to_string()).collect();
+        self
+    }
+
+    pub fn timeout(mut self, limit: Duration) -> Invocation {
+        self.timeout = Some(limit);
+        self
+    }
+
     pub fn stdin(mut self, data: &[u8]) -> Invocation {
         self.stdin = data.to_vec();
         self
@@ -228,7 +242,7 @@ impl Invocation {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        run(&mut cmd, &self.stdin, TIMEOUT)
+        run(&mut cmd, &self.stdin, self.timeout.unwrap_or(TIMEOUT))
     }
 
     /// Runs it as `fnscope record -o TRACE -- PROGRAM ARGS...`, from the same directory,
@@ -236,6 +250,7 @@ impl Invocation {
     pub fn run_recorded(&self, trace: &Path) -> Run {
         let mut cmd = Command::new(fnscope());
         cmd.arg("record")
+            .args(&self.record_args)
             .arg("-o")
             .arg(trace)
             .arg("--")
@@ -244,7 +259,7 @@ impl Invocation {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        run(&mut cmd, &self.stdin, TIMEOUT)
+        run(&mut cmd, &self.stdin, self.timeout.unwrap_or(TIMEOUT))
     }
 }
 
