@@ -2,8 +2,9 @@
 //! `function.txt` line format, and a summary of a recording.
 //!
 //! Everything streams the trace file ([`scan`]) so that memory stays bounded by the number of
-//! functions and threads, not by the number of records — except [`replay_lines`], whose
-//! time-ordered merge of all threads keeps the selected threads' events in memory.
+//! functions, threads and nesting depth, not by the number of records. The replay views,
+//! which print calls in the order they started, sort them through temporary files when a
+//! call tree outgrows a fixed memory budget.
 
 #![warn(missing_docs)]
 
@@ -16,6 +17,7 @@ mod pdb;
 mod profile;
 mod replay;
 mod report;
+mod spill;
 
 pub use coverage::{
     coverage, coverage_json, render_coverage_text, Coverage, CoveredFunction, FileCoverage,
@@ -49,6 +51,18 @@ pub enum AnalysisError {
     /// Writing the output failed (a closed pipe, a full disk).
     #[error("cannot write the output: {0}")]
     Output(#[source] io::Error),
+    /// A temporary file (the replay views' external sort) could not be written or read.
+    #[error(
+        "cannot use a temporary file in {}: {source}; set TMPDIR to a folder with free space",
+        dir.display()
+    )]
+    Temp {
+        /// The folder of temporary files.
+        dir: std::path::PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// A PDB file could not be read.
     #[error("cannot read the PDB file {}: {msg}", path.display())]
     Pdb {

@@ -1,102 +1,92 @@
 //! Calls in the order they started: indented call trees and `function.txt` lines.
+//!
+//! Both views stream: each thread's records go through [`ThreadCalls`], which turns the
+//! order calls returned in into the order they started with memory bounded by the deepest
+//! nesting plus fixed buffers (spilling sorted runs to temporary files when a call tree is
+//! large).
 
 use crate::names::Names;
+use crate::spill::{Call, Merge, ThreadCalls, MEMORY_CALLS};
 use crate::{format_duration, headers, scan, AnalysisError, Trace};
-use fnscope_abi::{Record, REC_FLAG_UNWOUND};
+use fnscope_abi::REC_FLAG_UNWOUND;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::Write;
 use std::path::Path;
 
-/// A call and its callees (indices into the builder's arena), in start order.
-struct Node {
-    rec: Record,
-    func: u32,
-    children: Vec<u32>,
+/// Every selected thread's calls, in the order threads first appear in the file, kept within
+/// a memory budget shared by all threads.
+struct Threads {
+    by_key: HashMap<(u32, u32), usize>,
+    order: Vec<((u32, u32), ThreadCalls)>,
+    held: usize,
+    budget: usize,
 }
 
-/// How a walk meets a call.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Visit {
-    /// A call without recorded callees.
-    Leaf,
-    /// Before the callees of a call that has some.
-    Open,
-    /// After them.
-    Close,
-}
-
-/// Rebuilds one thread's call trees from its post-order records.
-///
-/// Records wait in `pending` until their parent returns; the parent takes every pending node
-/// deeper than itself. A depth-0 call completes a tree. Nodes live in a flat arena and are
-/// walked with an explicit stack: recursion (and the recursive drop of nested vectors) would
-/// overflow the stack on deeply recursive programs.
-#[derive(Default)]
-struct TreeBuilder {
-    nodes: Vec<Node>,
-    pending: Vec<u32>,
-}
-
-impl TreeBuilder {
-    /// Adds the next record; returns the root when it completes a tree.
-    fn push(&mut self, rec: Record, func: u32) -> Option<u32> {
-        let d = rec.depth();
-        let nodes = &self.nodes;
-        let start = self
-            .pending
-            .iter()
-            .rposition(|&i| nodes[i as usize].rec.depth() <= d)
-            .map_or(0, |i| i + 1);
-        let mut children = self.pending.split_off(start);
-        children.sort_by_key(|&i| nodes[i as usize].rec.t_entry);
-        let idx = self.nodes.len() as u32;
-        self.nodes.push(Node {
-            rec,
-            func,
-            children,
-        });
-        if d == 0 {
-            return Some(idx);
+impl Threads {
+    fn new(budget: usize) -> Threads {
+        Threads {
+            by_key: HashMap::new(),
+            order: Vec::new(),
+            held: 0,
+            budget,
         }
-        self.pending.push(idx);
-        None
     }
 
-    /// Forgets the trees walked so far; call after a root was returned by `push`, which
-    /// consumed every pending node.
-    fn clear(&mut self) {
-        self.nodes.clear();
+    /// Index of thread `(pid, tid)`, added when new.
+    fn index(&mut self, key: (u32, u32)) -> usize {
+        let order = &mut self.order;
+        *self.by_key.entry(key).or_insert_with(|| {
+            order.push((key, ThreadCalls::default()));
+            order.len() - 1
+        })
     }
 
-    /// Calls whose parents never returned (the trace ended while they were open), as roots
-    /// of their own in start order.
-    fn orphans(&mut self) -> Vec<u32> {
-        let mut v = std::mem::take(&mut self.pending);
-        v.sort_by_key(|&i| self.nodes[i as usize].rec.t_entry);
-        v
-    }
-
-    /// Calls `f` on the tree under `root` in start order.
-    fn walk<E>(
-        &self,
-        root: u32,
-        mut f: impl FnMut(&Node, Visit) -> Result<(), E>,
-    ) -> Result<(), E> {
-        let mut stack = vec![(root, Visit::Open)];
-        while let Some((i, v)) = stack.pop() {
-            let n = &self.nodes[i as usize];
-            if v == Visit::Close {
-                f(n, Visit::Close)?;
-            } else if n.children.is_empty() {
-                f(n, Visit::Leaf)?;
-            } else {
-                f(n, Visit::Open)?;
-                stack.push((i, Visit::Close));
-                stack.extend(n.children.iter().rev().map(|&c| (c, Visit::Open)));
-            }
+    /// Spills the thread holding most when the budget is used up.
+    fn keep_budget(&mut self) -> Result<(), AnalysisError> {
+        if self.held < self.budget {
+            return Ok(());
+        }
+        if let Some((_, t)) = self.order.iter_mut().max_by_key(|(_, t)| t.in_memory()) {
+            self.held -= t.in_memory();
+            t.spill()?;
         }
         Ok(())
+    }
+}
+
+/// One thread's calls in entry order, each met twice, on entry and on exit, properly nested:
+/// a call's exit comes after the entries and exits of its callees.
+struct Nested<'a> {
+    calls: Merge<'a>,
+    /// Calls entered and not yet exited, outermost first.
+    open: Vec<Call>,
+    ahead: Option<Call>,
+}
+
+impl<'a> Nested<'a> {
+    fn new(calls: Merge<'a>) -> Nested<'a> {
+        Nested {
+            calls,
+            open: Vec::new(),
+            ahead: None,
+        }
+    }
+
+    /// The next entry (`false`) or exit (`true`).
+    fn next(&mut self) -> Result<Option<(Call, bool)>, AnalysisError> {
+        if self.ahead.is_none() {
+            self.ahead = self.calls.next()?;
+        }
+        if let Some(top) = self.open.last() {
+            if self.ahead.as_ref().is_none_or(|c| !top.contains(c)) {
+                return Ok(self.open.pop().map(|c| (c, true)));
+            }
+        }
+        Ok(self.ahead.take().map(|c| {
+            self.open.push(c);
+            (c, false)
+        }))
     }
 }
 
@@ -122,49 +112,55 @@ struct TreePrinter<'a> {
 }
 
 impl TreePrinter<'_> {
-    fn print(&mut self, tid: u32, tree: &TreeBuilder, root: u32) -> std::io::Result<()> {
-        tree.walk(root, |n, visit| {
-            let indent = "  ".repeat(n.rec.depth().min(MAX_INDENT) as usize);
-            let name = self.names.name(n.func);
-            let unwound = n.rec.flags() & REC_FLAG_UNWOUND != 0;
-            let dur = format_duration(crate::ticks_to_ns(n.rec.ticks(), self.tpn));
-            let parens = if name.ends_with(')') { "" } else { "()" };
-            match visit {
-                Visit::Leaf => {
-                    let note = if unwound { " /* unwound */" } else { "" };
-                    writeln!(
-                        self.out,
-                        "[{tid:>6}] {dur:>10} | {indent}{name}{parens};{note}"
-                    )
-                }
-                Visit::Open => writeln!(
-                    self.out,
-                    "[{tid:>6}] {:>10} | {indent}{name}{parens} {{",
-                    ""
-                ),
-                Visit::Close => {
-                    let note = if unwound { ", unwound" } else { "" };
-                    writeln!(
-                        self.out,
-                        "[{tid:>6}] {dur:>10} | {indent}}} /* {name}{note} */"
-                    )
-                }
+    fn print(&mut self, tid: u32, calls: Merge<'_>) -> Result<(), AnalysisError> {
+        let mut calls = Nested::new(calls);
+        while let Some((c, leave)) = calls.next()? {
+            if leave && !c.has_callees() {
+                continue;
             }
-        })
+            let indent = "  ".repeat(c.depth().min(MAX_INDENT) as usize);
+            let name = self.names.name(c.func);
+            let unwound = c.flags() & REC_FLAG_UNWOUND != 0;
+            let dur = format_duration(crate::ticks_to_ns(c.ticks(), self.tpn));
+            let parens = if name.ends_with(')') { "" } else { "()" };
+            let r = if !c.has_callees() {
+                let note = if unwound { " /* unwound */" } else { "" };
+                writeln!(self.out, "[{tid:>6}] {dur:>10} | {indent}{name}{parens};{note}")
+            } else if !leave {
+                writeln!(self.out, "[{tid:>6}] {:>10} | {indent}{name}{parens} {{", "")
+            } else {
+                let note = if unwound { ", unwound" } else { "" };
+                writeln!(self.out, "[{tid:>6}] {dur:>10} | {indent}}} /* {name}{note} */")
+            };
+            r.map_err(out_err)?;
+        }
+        Ok(())
     }
 }
 
 /// Prints each thread's calls in start order as an indented tree, like `uftrace replay`:
 /// `[   tid]   duration | name();` for a call without hooked callees, `name() {` … `} /* name */`
 /// around one with callees (its duration on the closing line). A tree is printed as soon as
-/// its outermost call has returned, so threads' trees interleave in the order they completed.
-/// `tid` restricts the output to one thread. A tree is held in memory until its outermost call
-/// returns (for `main`, the whole thread). Returns the trace's warnings (truncation, missing
+/// its outermost call has returned, so threads' trees interleave in the order they completed;
+/// calls whose callers never returned (the trace ended first) come last, per thread. A call's
+/// callees are in the order they returned, which is the order they were made in. `tid`
+/// restricts the output to one thread. Memory stays bounded whatever the size of a tree: large
+/// ones are sorted through temporary files. Returns the trace's warnings (truncation, missing
 /// calibration) for the caller to show apart from the output.
 pub fn replay_tree(
     path: &Path,
     tid: Option<u32>,
     out: &mut dyn Write,
+) -> Result<Vec<String>, AnalysisError> {
+    replay_tree_within(path, tid, out, MEMORY_CALLS)
+}
+
+/// [`replay_tree`] holding at most about `budget` calls in memory.
+pub(crate) fn replay_tree_within(
+    path: &Path,
+    tid: Option<u32>,
+    out: &mut dyn Write,
+    budget: usize,
 ) -> Result<Vec<String>, AnalysisError> {
     let (pre, names) = prepare(path)?;
     let mut p = TreePrinter {
@@ -172,71 +168,40 @@ pub fn replay_tree(
         names,
         tpn: pre.ticks_per_ns(),
     };
-    let mut builders: HashMap<(u32, u32), TreeBuilder> = HashMap::new();
-    let mut order: Vec<(u32, u32)> = Vec::new();
+    let mut threads = Threads::new(budget);
     let mut failed = None;
     writeln!(p.out, "#{:>7} {:>10} | FUNCTION", "TID", "DURATION").map_err(out_err)?;
     let trace = scan(path, |_, seg| {
         if failed.is_some() || tid.is_some_and(|t| t != seg.tid) {
             return;
         }
-        let key = (seg.pid, seg.tid);
-        let b = builders.entry(key).or_insert_with(|| {
-            order.push(key);
-            TreeBuilder::default()
-        });
+        let i = threads.index((seg.pid, seg.tid));
         for r in &seg.records {
             let func = p.names.index(seg.image_sid, r.id());
-            if let Some(root) = b.push(*r, func) {
-                if let Err(e) = p.print(seg.tid, b, root) {
-                    failed = Some(e);
-                    return;
-                }
-                b.clear();
+            let t = &mut threads.order[i].1;
+            let done = t.push(r, func);
+            threads.held += 1;
+            let step = if done {
+                threads.held -= t.in_memory();
+                t.drain()
+                    .and_then(|m| p.print(seg.tid, m))
+                    .and_then(|_| t.reset_file())
+            } else {
+                threads.keep_budget()
+            };
+            if let Err(e) = step {
+                failed = Some(e);
+                return;
             }
         }
     })?;
     if let Some(e) = failed {
-        return Err(out_err(e));
+        return Err(e);
     }
-    for key in order {
-        if let Some(mut b) = builders.remove(&key) {
-            for root in b.orphans() {
-                p.print(key.1, &b, root).map_err(out_err)?;
-            }
-        }
+    for ((_, tid), t) in &mut threads.order {
+        p.print(*tid, t.drain()?)?;
     }
     Ok(trace.warnings)
-}
-
-/// One line of `function.txt`.
-#[derive(Clone, Copy)]
-struct Event {
-    tsc: u64,
-    func: u32,
-    leave: bool,
-}
-
-/// Appends the entry and exit events of the tree under `root`, in start order.
-fn flatten(tree: &TreeBuilder, root: u32, v: &mut Vec<Event>) {
-    let _ = tree.walk(root, |n, visit| -> Result<(), ()> {
-        let enter = Event {
-            tsc: n.rec.t_entry,
-            func: n.func,
-            leave: false,
-        };
-        let leave = Event {
-            tsc: n.rec.t_exit,
-            func: n.func,
-            leave: true,
-        };
-        match visit {
-            Visit::Leaf => v.extend([enter, leave]),
-            Visit::Open => v.push(enter),
-            Visit::Close => v.push(leave),
-        }
-        Ok(())
-    });
 }
 
 /// Prints the `function.txt` format of technique A: one line per call entry and exit, all
@@ -245,65 +210,74 @@ fn flatten(tree: &TreeBuilder, root: u32, v: &mut Vec<Event>) {
 /// wall-clock time. Each thread's lines are properly nested; between threads, an entry comes
 /// before an exit at the same time-stamp. `tid` restricts the output to one thread.
 ///
-/// The merge needs every selected event before the first line can be printed, so memory
-/// grows with the number of records (16 bytes per event). Returns the trace's warnings: the
+/// The merge needs every selected call before the first line can be printed: calls beyond a
+/// fixed memory budget wait, sorted, in temporary files. Returns the trace's warnings: the
 /// line format has no place for them.
 pub fn replay_lines(
     path: &Path,
     tid: Option<u32>,
     out: &mut dyn Write,
 ) -> Result<Vec<String>, AnalysisError> {
+    replay_lines_within(path, tid, out, MEMORY_CALLS)
+}
+
+/// [`replay_lines`] holding at most about `budget` calls in memory.
+pub(crate) fn replay_lines_within(
+    path: &Path,
+    tid: Option<u32>,
+    out: &mut dyn Write,
+    budget: usize,
+) -> Result<Vec<String>, AnalysisError> {
     let (pre, mut names) = prepare(path)?;
-    let mut builders: HashMap<(u32, u32), (TreeBuilder, Vec<Event>)> = HashMap::new();
-    let mut order: Vec<(u32, u32)> = Vec::new();
+    let mut threads = Threads::new(budget);
+    let mut failed = None;
     let trace = scan(path, |_, seg| {
-        if tid.is_some_and(|t| t != seg.tid) {
+        if failed.is_some() || tid.is_some_and(|t| t != seg.tid) {
             return;
         }
-        let key = (seg.pid, seg.tid);
-        let (b, evs) = builders.entry(key).or_insert_with(|| {
-            order.push(key);
-            Default::default()
-        });
+        let i = threads.index((seg.pid, seg.tid));
         for r in &seg.records {
-            if let Some(root) = b.push(*r, names.index(seg.image_sid, r.id())) {
-                flatten(b, root, evs);
-                b.clear();
+            threads.order[i].1.push(r, names.index(seg.image_sid, r.id()));
+            threads.held += 1;
+            if let Err(e) = threads.keep_budget() {
+                failed = Some(e);
+                return;
             }
         }
     })?;
-    let streams: Vec<Vec<Event>> = order
-        .iter()
-        .filter_map(|k| builders.remove(k))
-        .map(|(mut b, mut evs)| {
-            for root in b.orphans() {
-                flatten(&b, root, &mut evs);
-            }
-            evs
-        })
-        .collect();
-    let mut heap: BinaryHeap<Reverse<(u64, bool, usize, usize)>> = streams
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| !s.is_empty())
-        .map(|(i, s)| Reverse((s[0].tsc, s[0].leave, i, 0)))
-        .collect();
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let mut streams = Vec::with_capacity(threads.order.len());
+    for (_, t) in &mut threads.order {
+        streams.push(Nested::new(t.drain()?));
+    }
+    let mut heads = Vec::with_capacity(streams.len());
+    let mut heap = BinaryHeap::new();
+    for (i, s) in streams.iter_mut().enumerate() {
+        let h = s.next()?;
+        if let Some((c, leave)) = h {
+            heap.push(Reverse((if leave { c.t_exit } else { c.t_entry }, leave, i)));
+        }
+        heads.push(h);
+    }
     let mut seq = 0u64;
-    while let Some(Reverse((_, _, i, j))) = heap.pop() {
-        let e = streams[i][j];
+    while let Some(Reverse((tsc, leave, i))) = heap.pop() {
+        let (c, _) = heads[i].take().expect("a stream in the heap has a head");
         seq += 1;
-        let wall = pre.wall_ns(e.tsc);
-        let what = if e.leave { "leave" } else { "enter" };
+        let wall = pre.wall_ns(tsc);
+        let what = if leave { "leave" } else { "enter" };
         writeln!(
             out,
             "{seq}[{},{}]{what}:{}",
             wall / 1_000_000_000,
             wall % 1_000_000_000,
-            names.name(e.func)
+            names.name(c.func)
         )
         .map_err(out_err)?;
-        if let Some(n) = streams[i].get(j + 1) {
-            heap.push(Reverse((n.tsc, n.leave, i, j + 1)));
+        heads[i] = streams[i].next()?;
+        if let Some((c, leave)) = heads[i] {
+            heap.push(Reverse((if leave { c.t_exit } else { c.t_entry }, leave, i)));
         }
     }
     Ok(trace.warnings)

@@ -319,7 +319,7 @@ fn newer_version_is_refused() {
     let e = report(&dir, false).unwrap_err().to_string();
     assert_eq!(
         e,
-        "trace format version 9 is newer than this fnscope (supports 1): upgrade fnscope"
+        "trace format version 9 is newer than this fnscope (supports 2): upgrade fnscope"
     );
     assert!(info(&dir).is_err());
     assert!(replay_lines(&dir, None, &mut Vec::new()).is_err());
@@ -695,4 +695,123 @@ fn merged_trace_round_trip_and_coverage_of_a_missing_module() {
     assert_eq!((m.executed, m.hookable, m.unhookable), (1, 2, 0));
     let text = render_coverage_text(&c);
     assert!(text.contains("never executed (1):\n    bar\n"), "{text}");
+}
+
+/// Threads running recursions of random shapes, their segments interleaved in the file; the
+/// last thread's outermost calls never return (the trace ends first).
+fn write_forest(dir: &Path) {
+    let path = dir.join("trace.fns");
+    let mut w = TraceWriter::create(&path).unwrap();
+    w.write_meta(&fnscope_format::Meta {
+        start_unix_ns: START_NS,
+        ..Default::default()
+    })
+    .unwrap();
+    w.write_image(0, &image(1, &[(0x1100, "main"), (0x1200, "f"), (0x1300, "g")]))
+        .unwrap();
+    fn grow(d: u32, clock: &mut u64, rng: &mut u64, out: &mut Vec<Record>) {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *clock += 1 + *rng % 5;
+        let t0 = *clock;
+        let kids = if d < 9 { *rng % 4 } else { 0 };
+        for _ in 0..kids {
+            grow(d + 1, clock, rng, out);
+        }
+        *clock += 1 + *rng % 3;
+        out.push(Record::new(t0, *clock, 1 + (*rng % 2) as u32, d, u32::from((*rng).is_multiple_of(7))));
+    }
+    let mut streams = Vec::new();
+    let (mut clock, mut rng) = (1000u64, 99u64);
+    for t in 0..4u32 {
+        let mut recs = Vec::new();
+        for _ in 0..3 + t {
+            grow(0, &mut clock, &mut rng, &mut recs);
+        }
+        if t == 3 {
+            // Drop the last roots: their callees become orphans.
+            recs.retain(|r| r.depth() != 0 || r.t_entry < clock / 2);
+        }
+        streams.push(recs);
+    }
+    let mut seq = [0u64; 4];
+    let mut at = [0usize; 4];
+    let mut k = 0usize;
+    while (0..4).any(|t| at[t] < streams[t].len()) {
+        let t = k % 4;
+        k += 1;
+        let n = (streams[t].len() - at[t]).min(1 + k % 37);
+        if n == 0 {
+            continue;
+        }
+        w.write_segment(0, 1, 10 + t as u32, seq[t], 0, 0, &streams[t][at[t]..at[t] + n])
+            .unwrap();
+        seq[t] += 1;
+        at[t] += n;
+    }
+    w.write_end(&fnscope_format::EndInfo {
+        ticks_per_ns: 1.0,
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+/// The replay views print the same bytes whether the calls stay in memory or go through
+/// temporary files in runs of a few calls (merged level after level).
+#[test]
+fn replay_spills_without_changing_output() {
+    use crate::replay::{replay_lines_within, replay_tree_within};
+    let simple = tmpdir("spill-simple");
+    write_simple(&simple, true);
+    let forest = tmpdir("spill-forest");
+    write_forest(&forest);
+    for dir in [&simple, &forest] {
+        for tid in [None, Some(8), Some(13)] {
+            let mut tree = Vec::new();
+            replay_tree_within(dir, tid, &mut tree, usize::MAX).unwrap();
+            let mut lines = Vec::new();
+            replay_lines_within(dir, tid, &mut lines, usize::MAX).unwrap();
+            for budget in [1, 3, 50] {
+                let mut out = Vec::new();
+                replay_tree_within(dir, tid, &mut out, budget).unwrap();
+                assert!(out == tree, "tree, budget {budget}, {}", dir.display());
+                let mut out = Vec::new();
+                replay_lines_within(dir, tid, &mut out, budget).unwrap();
+                assert!(out == lines, "lines, budget {budget}, {}", dir.display());
+            }
+        }
+    }
+    // The forest is big enough to need merges of merges at budget 1 and holds orphans.
+    let mut lines = Vec::new();
+    replay_lines(&forest, None, &mut lines).unwrap();
+    let r = report(&forest, false).unwrap();
+    let calls: u64 = r.functions.iter().map(|f| f.calls).sum();
+    assert!(calls > 16 * 16, "{calls}");
+    assert_eq!(lines.split(|&b| b == b'\n').count() as u64, 2 * calls + 1);
+}
+
+/// Entry order follows from depths alone: every call comes right before its callees, and
+/// a call's callees are entered after it and have exited before it.
+#[test]
+fn forest_tree_is_nested() {
+    let dir = tmpdir("nested");
+    write_forest(&dir);
+    let mut out = Vec::new();
+    replay_lines(&dir, Some(11), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let mut open = Vec::new();
+    let mut last = 0u64;
+    for l in text.lines() {
+        let ns: u64 = l.split(',').nth(1).unwrap().split(']').next().unwrap().parse().unwrap();
+        assert!(ns >= last, "time goes back at {l}");
+        last = ns;
+        let name = l.split(':').nth(1).unwrap();
+        if l.contains("]enter:") {
+            open.push(name.to_string());
+        } else {
+            assert_eq!(open.pop().as_deref(), Some(name), "{l}");
+        }
+    }
+    assert!(open.is_empty() && !text.is_empty());
 }

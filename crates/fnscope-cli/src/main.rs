@@ -25,7 +25,9 @@ enum Command {
         /// Also hook shared libraries whose path contains PATTERN (repeatable).
         #[arg(long = "lib", value_name = "PATTERN")]
         libs: Vec<String>,
-        /// Shared buffer size in MiB (the program waits for the recorder when it is full).
+        /// Shared buffer size in MiB. When it is full, a thread that needs a new chunk waits
+        /// at most about 2 seconds for fnscope to free one, then drops its records: the program
+        /// runs on, and the calls lost are counted in the summary line and in `fnscope info`.
         #[arg(long = "buffer-mb", default_value_t = 64)]
         buffer_mb: u32,
         /// Say what the agent does in each process.

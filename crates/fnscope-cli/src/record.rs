@@ -33,63 +33,182 @@ pub struct RecordOptions {
 pub fn resolve_program(name: &str) -> Result<PathBuf> {
     if name.contains('/') {
         let p = PathBuf::from(name);
-        if !p.exists() {
-            bail!("{name}: no such file; check the path of the program to record");
+        if let Err(e) = std::fs::metadata(&p) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                bail!("{name}: no such file; check the path of the program to record");
+            }
+            bail!("cannot look at {name} ({e}); check the path of the program to record and the permissions of its folders");
         }
         return Ok(p);
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path) {
         let p = dir.join(name);
-        if p.is_file() {
+        if p.is_file() && access(&p, libc::X_OK) {
             return Ok(p);
         }
     }
     bail!("{name}: command not found in PATH; give the program's path")
 }
 
+/// Whether the calling user may access `path` as `mode` (`libc::X_OK`, ...), as `execve` will judge it.
+fn access(path: &Path, mode: libc::c_int) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    unsafe { libc::access(c.as_ptr(), mode) == 0 }
+}
+
 /// Refuses programs the agent cannot get into, with the reason and what to do.
 fn check_program(path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = path.display();
+    let md = std::fs::metadata(path).with_context(|| format!("cannot look at {shown}; check the path of the program to record"))?;
+    if md.is_dir() {
+        bail!("{shown} is a folder, not a program: give the path of the executable to record after `--`");
+    }
+    if !md.is_file() {
+        bail!("{shown} is not a regular file (a device, pipe or socket): give the path of the executable to record after `--`");
+    }
+    if md.len() == 0 {
+        bail!("{shown} is empty, so it is not a program: give the path of the executable to record (rebuild it if a build left it empty)");
+    }
+    if !access(path, libc::X_OK) {
+        bail!(
+            "{shown} is not executable (mode {:o}): make it executable with `chmod +x {shown}`, or record its interpreter with it as an argument",
+            md.mode() & 0o7777
+        );
+    }
     let mut head = [0u8; 4];
     {
         use std::io::Read;
-        let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let n = f.read(&mut head)?;
+        let mut f = std::fs::File::open(path).with_context(|| {
+            format!("cannot read {shown}: fnscope reads the program to find its functions; make it readable (chmod +r)")
+        })?;
+        let n = f.read(&mut head).with_context(|| format!("cannot read {shown}"))?;
         if n >= 2 && &head[..2] == b"#!" {
-            // A script: its interpreter is what runs, and what gets traced.
+            // A script: its interpreter is what runs, and what gets traced (the kernel ignores
+            // set-user-ID bits on scripts).
             return Ok(());
         }
     }
-    let inv = fnscope_symbols::load(path).map_err(|e| anyhow!("{e}"))?;
+    if let Some(why) = secure_mode_reason(path, &md) {
+        bail!(
+            "{shown} {why}: the loader runs it in secure mode and ignores LD_PRELOAD, so fnscope's agent would not load \
+             and the trace would be empty. Record it as the file's owner or as root, or record a copy without the bit \
+             (`cp {shown} /tmp/` drops it)"
+        );
+    }
+    let inv = fnscope_symbols::load(path).map_err(|e| anyhow!("{shown} cannot be read as a program: {e}"))?;
     if inv.is_static {
         bail!(
-            "{} is statically linked: fnscope puts its agent in with LD_PRELOAD, which a static program never loads. \
-             Record a dynamically linked build of it (`fnscope funcs` can still list its functions)",
-            path.display()
+            "{shown} is statically linked: fnscope puts its agent in with LD_PRELOAD, which a static program never loads. \
+             Record a dynamically linked build of it (`fnscope funcs` can still list its functions)"
         );
     }
     if !inv.has_symtab && inv.debug_file.is_none() {
-        eprintln!(
-            "fnscope: note: {} is stripped: exported functions keep their names, the others are named sub_<address>",
-            path.display()
-        );
+        eprintln!("fnscope: note: {shown} is stripped: exported functions keep their names, the others are named sub_<address>");
     }
     Ok(())
 }
 
-/// Makes `dir` ready for a new trace: created if missing, an older trace in it replaced.
-fn prepare_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        let is_trace = dir.join("trace.fns").exists() || dir.join("images").exists();
-        let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
-        if !is_trace && !empty {
-            bail!("{} exists and is not an fnscope trace; choose another folder with -o", dir.display());
-        }
-        let _ = std::fs::remove_file(dir.join("trace.fns"));
-        let _ = std::fs::remove_dir_all(dir.join("images"));
+/// Why `execve` of `path` by this process would set AT_SECURE (the loader's secure mode, in
+/// which LD_PRELOAD is ignored): a set-user-ID bit with an owner other than our effective
+/// uid, or a set-group-ID bit (with group execute, as the kernel requires) with a group other
+/// than our effective gid. `None` when the bits would not take effect: a `nosuid` mount, or
+/// `no_new_privs` set on this process.
+fn secure_mode_reason(path: &Path, md: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = md.mode();
+    let setuid = mode & libc::S_ISUID != 0;
+    let setgid = mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP);
+    if !setuid && !setgid {
+        return None;
     }
-    std::fs::create_dir_all(dir.join("images")).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(())
+    // SAFETY: prctl(PR_GET_NO_NEW_PRIVS) only reads a flag of this process.
+    if unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1 {
+        return None;
+    }
+    if let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())) {
+        // SAFETY: `st` is a valid out-parameter and `c` a NUL-terminated path.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0 && st.f_flag & libc::ST_NOSUID != 0 {
+            return None;
+        }
+    }
+    // SAFETY: geteuid and getegid cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if setuid && md.uid() != euid {
+        return Some(format!("is set-user-ID (owned by uid {}, you run as uid {euid})", md.uid()));
+    }
+    if setgid && md.gid() != egid {
+        return Some(format!("is set-group-ID (group gid {}, you run as gid {egid})", md.gid()));
+    }
+    None
+}
+
+/// The name of the lock file in a trace folder.
+const LOCK_FILE: &str = "record.lock";
+
+/// A trace folder held by this recorder: an exclusive `flock` on `DIR/record.lock`, which
+/// holds the recorder's pid. The kernel drops the lock when the file is closed, so also when
+/// the recorder dies; the file is left in place, since removing it would let a third recorder
+/// lock a new file while a second one still holds the old one.
+struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Takes the trace folder `dir` for this recorder: checks it may hold a trace, creates it,
+/// locks it, and only then removes an older trace from it. A folder another `record` holds is
+/// refused with that recorder's pid.
+fn prepare_dir(dir: &Path) -> Result<DirLock> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let shown = dir.display();
+    if dir.exists() {
+        if !dir.is_dir() {
+            bail!("{shown} is not a folder; choose a folder for the trace with -o");
+        }
+        let is_trace = dir.join("trace.fns").exists() || dir.join("images").exists();
+        let empty = std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == LOCK_FILE))
+            .unwrap_or(false);
+        if !is_trace && !empty {
+            bail!("{shown} exists and is not an fnscope trace; choose another folder with -o");
+        }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
+    let lock_path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .with_context(|| format!("cannot create {}", lock_path.display()))?;
+    // SAFETY: flock on a file descriptor we own; non-blocking, so it returns at once.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e).with_context(|| format!("cannot lock {}", lock_path.display()));
+        }
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        let who = match text.trim().parse::<u32>() {
+            Ok(pid) => format!("another `fnscope record` (pid {pid})"),
+            Err(_) => "another `fnscope record`".to_string(),
+        };
+        bail!("{shown} is in use by {who}: wait for it to finish, or record into another folder with -o");
+    }
+    let pid = std::process::id();
+    file.set_len(0)
+        .and_then(|_| file.rewind())
+        .and_then(|_| writeln!(file, "{pid}"))
+        .with_context(|| format!("cannot write {}", lock_path.display()))?;
+    let _ = std::fs::remove_file(dir.join("trace.fns"));
+    let _ = std::fs::remove_dir_all(dir.join("images"));
+    std::fs::create_dir_all(dir.join("images")).with_context(|| format!("cannot create {shown}/images"))?;
+    Ok(DirLock { _file: file })
 }
 
 fn tsc() -> u64 {
@@ -337,7 +456,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let name = opts.command.first().ok_or_else(|| anyhow!("no program given: fnscope record -- PROGRAM [ARGS...]"))?;
     let program = resolve_program(name)?;
     check_program(&program)?;
-    prepare_dir(&opts.output)?;
+    let _lock = prepare_dir(&opts.output)?;
     let dir = std::fs::canonicalize(&opts.output)?;
     let region = Region::create(&dir, opts.chunks)?;
     let agent = crate::agent_lib::path()?;

@@ -21,7 +21,12 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Version of the trace file format written by this crate; readers refuse newer versions.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// Version 2 made each chunk's checksum cover its kind and length too; version 1 files
+/// (checksum of the payload only) are still read.
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest format version this crate reads.
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// First eight bytes of a trace file.
 pub const MAGIC: [u8; 8] = *b"FNSCOPE\0";
 /// Name of the trace file inside a trace directory.
@@ -43,6 +48,17 @@ pub const KIND_END: u32 = 4;
 pub const KIND_COUNTS: u32 = 5;
 /// Chunk kind: per-function totals of one module over several runs (merged traces).
 pub const KIND_SUMMARY: u32 = 6;
+
+/// The checksum stored in a chunk header (format version 2 on): CRC-32 (IEEE) of the header's
+/// first 8 bytes (kind and length, little-endian) followed by the payload, so that a changed
+/// kind or length is caught like a changed payload.
+pub fn chunk_checksum(kind: u32, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&kind.to_le_bytes());
+    h.update(&(payload.len() as u32).to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
 
 /// Largest payload a reader accepts; bigger lengths can only come from damage.
 const MAX_PAYLOAD: u32 = 1 << 30;
@@ -353,7 +369,7 @@ impl TraceWriter {
                 let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
                 head[0..4].copy_from_slice(&kind.to_le_bytes());
                 head[4..8].copy_from_slice(&len.to_le_bytes());
-                head[8..12].copy_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+                head[8..12].copy_from_slice(&chunk_checksum(kind, &payload).to_le_bytes());
                 self.put(&head).and_then(|_| self.put(&payload))
             }
             None => Err(FormatError::Io {
@@ -510,6 +526,8 @@ pub struct TraceReader {
     input: BufReader<File>,
     /// Offset of the next chunk header.
     offset: u64,
+    /// Format version of the file, which decides what the chunk checksums cover.
+    version: u32,
     done: bool,
     truncated: bool,
     seen_end: bool,
@@ -575,11 +593,11 @@ impl TraceReader {
         if version > FORMAT_VERSION {
             return Err(FormatError::NewerVersion { version });
         }
-        if version == 0 {
+        if version < OLDEST_READABLE_VERSION {
             return Err(FormatError::Corrupt {
                 path,
                 offset: 8,
-                what: "format version 0".into(),
+                what: format!("format version {version}"),
             });
         }
         let unzstd =
@@ -588,6 +606,7 @@ impl TraceReader {
             path,
             input,
             offset: FILE_HEADER_SIZE,
+            version,
             done: false,
             truncated: false,
             seen_end: false,
@@ -704,7 +723,12 @@ impl TraceReader {
             return self.stop_truncated();
         }
         self.offset = body + len as u64;
-        if crc32fast::hash(&self.payload) != crc {
+        let expected = if self.version >= 2 {
+            chunk_checksum(kind, &self.payload)
+        } else {
+            crc32fast::hash(&self.payload)
+        };
+        if expected != crc {
             return Err(self.corrupt(at, "checksum mismatch"));
         }
         let p = &self.payload;

@@ -175,12 +175,12 @@ fn refuses_other_files_and_versions() {
     let dir = tmpdir("refuse");
     let (path, _) = write_sample(&dir);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
     assert_eq!(
         e,
-        "trace format version 2 is newer than this fnscope (supports 1): upgrade fnscope"
+        "trace format version 3 is newer than this fnscope (supports 2): upgrade fnscope"
     );
     std::fs::write(&path, b"hello world, not a trace").unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
@@ -212,6 +212,61 @@ fn bad_checksum_names_offset() {
     );
 }
 
+/// Offsets of the chunk headers of a trace file.
+fn chunk_offsets(file: &[u8]) -> Vec<usize> {
+    let mut at = FILE_HEADER_SIZE as usize;
+    let mut v = Vec::new();
+    while at + CHUNK_HEADER_SIZE as usize <= file.len() {
+        v.push(at);
+        at += CHUNK_HEADER_SIZE as usize + le32(file, at + 4) as usize;
+    }
+    v
+}
+
+/// A changed kind or length is damage, like a changed payload: otherwise a chunk could turn
+/// into an unknown (skipped) kind and its records vanish unnoticed.
+#[test]
+fn checksum_covers_kind_and_length() {
+    let dir = tmpdir("kindflip");
+    let (path, _) = write_sample(&dir);
+    let good = std::fs::read(&path).unwrap();
+    for at in chunk_offsets(&good) {
+        for (byte, what) in [(0, "kind"), (4, "length")] {
+            let mut b = good.clone();
+            b[at + byte] ^= if byte == 0 { 0x40 } else { 0x01 };
+            std::fs::write(&path, &b).unwrap();
+            match read_all(&path) {
+                Err(e) => assert!(e.to_string().contains(&format!("damaged at byte offset {at}")), "{what} at {at}: {e}"),
+                Ok((_, truncated)) => assert!(truncated && byte == 4, "{what} flipped at {at} went unnoticed"),
+            }
+        }
+    }
+}
+
+/// Version 1 files, whose checksums cover the payload only, are still read.
+#[test]
+fn version_1_files_are_read() {
+    let dir = tmpdir("v1");
+    let (path, _) = write_sample(&dir);
+    let (want, _) = read_all(&path).unwrap();
+    let mut b = std::fs::read(&path).unwrap();
+    b[8..12].copy_from_slice(&1u32.to_le_bytes());
+    for at in chunk_offsets(&b.clone()) {
+        let len = le32(&b, at + 4) as usize;
+        let body = at + CHUNK_HEADER_SIZE as usize;
+        let crc = crc32fast::hash(&b[body..body + len]);
+        b[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+    }
+    std::fs::write(&path, &b).unwrap();
+    let (got, truncated) = read_all(&path).unwrap();
+    assert!(!truncated);
+    assert_eq!(got, want);
+    // A version 2 checksum in a version 1 file is a mismatch: the version decides.
+    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&path, &b).unwrap();
+    assert!(read_all(&path).is_err());
+}
+
 #[test]
 fn unknown_chunk_kinds_are_skipped() {
     let dir = tmpdir("unknown");
@@ -221,7 +276,7 @@ fn unknown_chunk_kinds_are_skipped() {
     let mut extra = Vec::new();
     extra.extend_from_slice(&99u32.to_le_bytes());
     extra.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    extra.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    extra.extend_from_slice(&chunk_checksum(99, payload).to_le_bytes());
     extra.extend_from_slice(payload);
     let at = FILE_HEADER_SIZE as usize;
     bytes.splice(at..at, extra);
@@ -274,7 +329,7 @@ fn fuzzed_files_never_panic() {
         for kind in [KIND_EVENTS, KIND_IMAGE, KIND_META, KIND_END] {
             b.extend_from_slice(&kind.to_le_bytes());
             b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-            b.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            b.extend_from_slice(&chunk_checksum(kind, &payload).to_le_bytes());
             b.extend_from_slice(&payload);
         }
         std::fs::write(&fuzz, &b).unwrap();

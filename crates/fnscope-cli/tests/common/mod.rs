@@ -502,3 +502,40 @@ pub fn assert_one_line_error(r: &Run, what: &str) -> String {
     );
     lines[0].to_string()
 }
+
+/// Writes `source` (C) to DIR/NAME.c and builds it with gcc into DIR/NAME (with -pthread,
+/// without optimisation, so that every function of the source is a real call).
+pub fn compile_c_text(dir: &Path, name: &str, source: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let result = Command::new("gcc")
+        .args(["-O0", "-g", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run gcc: {e}"));
+    assert!(
+        result.status.success(),
+        "gcc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
+/// The numbers of `fnscope record`'s summary line: calls recorded (or counted) and calls
+/// lost (0 when the line does not mention any).
+pub fn summary_counts(stderr: &str) -> (u64, u64) {
+    let line = fnscope_lines(stderr)
+        .into_iter()
+        .find(|l| l.contains("functions hooked"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    let number_before = |word: &str| -> Option<u64> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    let calls = number_before(" calls recorded")
+        .or_else(|| number_before(" calls counted"))
+        .unwrap_or_else(|| panic!("no call count in {line:?}"));
+    (calls, number_before(" calls lost").unwrap_or(0))
+}

@@ -1,0 +1,407 @@
+//! The edges of `fnscope record` and of the trace file a user meets early: two recorders
+//! aimed at one folder, set-user-ID programs, paths that are not programs, what happens when
+//! the shared buffer is full, and a damaged chunk header.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Calls `tick` every millisecond until the file named by its argument exists; says
+/// `started` on stdout after its fifth call.
+const WAITER: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+int tick(int i) { return i * 3 + 1; }
+int main(int argc, char **argv) {
+    long s = 0;
+    for (int i = 0; access(argv[1], F_OK) != 0; i++) {
+        s += tick(i);
+        if (i == 4) {
+            printf("started\n");
+            fflush(stdout);
+        }
+        usleep(1000);
+        if (i > 100000) return 3;
+    }
+    printf("waited %d\n", s > 0);
+    return 0;
+}
+"#;
+
+/// One call of `f`; exits with 0.
+const TRIVIAL: &str = r#"
+int f(int x) { return x + 1; }
+int main(void) { return f(1) - 2; }
+"#;
+
+fn waiter(dir: &TempDir) -> PathBuf {
+    compile_c_text(dir.path(), "waiter", WAITER)
+}
+
+/// Starts `fnscope record -o TRACE -- waiter STOP` in the background.
+fn start_waiting_recorder(trace: &Path, prog: &Path, stop: &Path) -> std::process::Child {
+    Command::new(fnscope())
+        .arg("record")
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .arg(prog)
+        .arg(stop)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start fnscope record")
+}
+
+/// Waits until the recorded program has called `tick` five times.
+fn wait_for_ticks(child: &mut std::process::Child) {
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.as_mut().expect("piped stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n", "the recorded program did not start");
+}
+
+fn finish(child: std::process::Child) -> Run {
+    let out = child.wait_with_output().expect("wait for fnscope record");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        signal: None,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Item 16: a second `record` into a folder being recorded into is refused, naming the folder
+/// and the first recorder's pid, and leaves the first trace whole.
+#[test]
+fn second_recorder_into_the_same_folder_is_refused() {
+    let dir = TempDir::new("lock");
+    let prog = waiter(&dir);
+    let trivial = compile_c_text(dir.path(), "trivial", TRIVIAL);
+    let trace = dir.join("trace");
+    let stop = dir.join("stop");
+    let mut first = start_waiting_recorder(&trace, &prog, &stop);
+    let first_pid = first.id();
+    wait_for_ticks(&mut first);
+
+    let second = Invocation::new(&trivial, dir.path()).run_recorded(&trace);
+    let line = assert_one_line_error(&second, "record into a folder in use");
+    assert!(line.contains(path_str(&trace)), "the error names the folder: {line}");
+    assert!(line.contains(&format!("pid {first_pid}")), "the error names the recorder holding it: {line}");
+    assert!(line.contains("-o"), "the error says what to do: {line}");
+
+    fs::write(&stop, "").unwrap();
+    let first = finish(first);
+    assert_eq!(first.code, 0, "{}", first.describe());
+    let (calls, _) = summary_counts(&first.stderr);
+    let stats = report(&trace).unwrap();
+    let (ticks, _) = calls_of(&stats, "waiter", "tick");
+    assert!(ticks > 0 && ticks < calls, "the first trace keeps its calls: {ticks} of {calls}");
+    let info = info(&trace);
+    assert!(info.contains("complete:         yes"), "{info}");
+
+    // The folder is free again once the first recorder is done.
+    let third = Invocation::new(&trivial, dir.path()).run_recorded(&trace);
+    assert_eq!(third.code, 0, "{}", third.describe());
+    assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
+}
+
+/// Item 16: the lock dies with its recorder, so a killed recorder does not block the folder.
+#[test]
+fn folder_of_a_killed_recorder_can_be_recorded_into() {
+    let dir = TempDir::new("lock-kill");
+    let prog = waiter(&dir);
+    let trivial = compile_c_text(dir.path(), "trivial", TRIVIAL);
+    let trace = dir.join("trace");
+    let stop = dir.join("stop");
+    let mut first = start_waiting_recorder(&trace, &prog, &stop);
+    wait_for_ticks(&mut first);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let again = Invocation::new(&trivial, dir.path()).run_recorded(&trace);
+    // The killed recorder's program still runs; let it end.
+    fs::write(&stop, "").unwrap();
+    assert_eq!(again.code, 0, "{}", again.describe());
+    assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
+}
+
+fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `fnscope record` run through `setpriv` as the user `nobody`, with a cache folder it can
+/// write the agent to.
+fn record_as_nobody(dir: &TempDir, trace: &Path, prog: &Path) -> Run {
+    let cache = dir.join("cache");
+    fs::create_dir_all(&cache).unwrap();
+    chmod(&cache, 0o777);
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(fnscope())
+        .arg("record")
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .arg(prog)
+        .env("XDG_CACHE_HOME", &cache)
+        .current_dir(dir.path());
+    run(&mut cmd, b"", TIMEOUT)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Item 18: a set-user-ID or set-group-ID program that the loader would run in secure mode
+/// (where it ignores LD_PRELOAD) is refused with the reason and what to do; root recording
+/// its own set-user-ID program is not.
+#[test]
+fn setuid_program_in_secure_mode_is_refused() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new("setuid");
+    chmod(dir.path(), 0o755);
+    if !is_root() {
+        // Without root no file can be given another owner: use a set-user-ID program of the
+        // system, which the loader runs in secure mode for us.
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let prog = ["su", "passwd", "mount", "chsh", "newgrp"]
+            .iter()
+            .filter_map(|n| find_in_path(n))
+            .find(|p| fs::metadata(p).is_ok_and(|m| m.mode() & 0o4000 != 0 && m.uid() != me))
+            .expect("no set-user-ID program owned by another user on PATH (su, passwd, mount)");
+        let r = Invocation::new(&prog, dir.path()).run_recorded(&dir.join("t"));
+        let line = assert_one_line_error(&r, "record a set-user-ID program");
+        assert!(line.contains("set-user-ID") && line.contains("LD_PRELOAD"), "{line}");
+        assert!(line.contains(path_str(&prog)), "{line}");
+        return;
+    }
+    let prog = compile_c_text(dir.path(), "trivial", TRIVIAL);
+    let out = dir.join("out");
+    fs::create_dir_all(&out).unwrap();
+    chmod(&out, 0o777);
+
+    // The control: the same program without the bit records as `nobody`, so the refusal
+    // below is about the bit, not about the user.
+    chmod(&prog, 0o755);
+    let plain = record_as_nobody(&dir, &out.join("plain"), &prog);
+    assert_eq!(plain.code, 0, "{}", plain.describe());
+    assert_eq!(calls_of(&report(&out.join("plain")).unwrap(), "trivial", "f").0, 1);
+
+    chmod(&prog, 0o4755);
+    let r = record_as_nobody(&dir, &out.join("suid"), &prog);
+    let line = assert_one_line_error(&r, "record a root-owned set-user-ID program as nobody");
+    assert!(line.contains(path_str(&prog)), "the error names the program: {line}");
+    assert!(line.contains("set-user-ID"), "the error says why: {line}");
+    assert!(line.contains("LD_PRELOAD"), "the error says why: {line}");
+    assert!(line.contains("owner") && line.contains("root"), "the error says what to do: {line}");
+    assert!(!out.join("suid").join("trace.fns").exists(), "nothing was recorded");
+
+    chmod(&prog, 0o2755);
+    let r = record_as_nobody(&dir, &out.join("sgid"), &prog);
+    let line = assert_one_line_error(&r, "record a set-group-ID program as nobody");
+    assert!(line.contains("set-group-ID") && line.contains(path_str(&prog)), "{line}");
+
+    // Root running its own set-user-ID program: no secure mode, so no refusal.
+    chmod(&prog, 0o4755);
+    let trace = dir.join("root");
+    let r = Invocation::new(&prog, dir.path()).run_recorded(&trace);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
+}
+
+/// Item 19: every path that is not a program gets an error naming it and saying what to do.
+#[test]
+fn paths_that_are_not_programs_are_named() {
+    let dir = TempDir::new("notprog");
+    let trace = dir.join("t");
+    let record = |prog: &Path| Invocation::new(prog, dir.path()).run_recorded(&trace);
+
+    let folder = dir.join("some_folder");
+    fs::create_dir_all(&folder).unwrap();
+    let line = assert_one_line_error(&record(&folder), "record a folder");
+    assert!(line.contains(path_str(&folder)) && line.contains("folder"), "{line}");
+    assert!(!line.contains("os error"), "a plain explanation, not an OS error: {line}");
+
+    let prog = compile_c_text(dir.path(), "trivial", TRIVIAL);
+    chmod(&prog, 0o644);
+    let line = assert_one_line_error(&record(&prog), "record a non-executable file");
+    assert!(line.contains(path_str(&prog)) && line.contains("not executable"), "{line}");
+    assert!(line.contains("chmod +x"), "the error says what to do: {line}");
+
+    let empty = dir.join("empty");
+    fs::write(&empty, "").unwrap();
+    chmod(&empty, 0o755);
+    let line = assert_one_line_error(&record(&empty), "record an empty file");
+    assert!(line.contains(path_str(&empty)) && line.contains("empty"), "{line}");
+
+    let missing = dir.join("missing");
+    let line = assert_one_line_error(&record(&missing), "record a missing file");
+    assert!(line.contains(path_str(&missing)) && line.contains("no such file"), "{line}");
+    assert!(!trace.exists(), "no trace folder is made for a program that cannot run");
+}
+
+/// 48 threads each make a call and hold their chunk until all have made theirs: with the
+/// smallest buffer (32 chunks) some threads find no chunk at all.
+const CROWD: &str = r#"
+#include <pthread.h>
+#define N 48
+static pthread_barrier_t bar;
+int f(int x) { return x + 1; }
+static void *worker(void *a) {
+    f((int)(long)a);
+    pthread_barrier_wait(&bar);
+    return 0;
+}
+int main(void) {
+    pthread_t t[N];
+    pthread_barrier_init(&bar, 0, N);
+    for (int i = 0; i < N; i++) pthread_create(&t[i], 0, worker, (void *)(long)i);
+    for (int i = 0; i < N; i++) pthread_join(t[i], 0);
+    return 0;
+}
+"#;
+
+/// Item 21: `record --help` says what a full buffer does, and it is what happens: records
+/// are dropped (the program is not held up), counted, and reported by the summary and `info`.
+#[test]
+fn full_buffer_drops_and_counts_as_the_help_says() {
+    let help = fnscope_cmd(&["record", "--help"]);
+    assert_eq!(help.code, 0, "{}", help.describe());
+    let text = help.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(!text.contains("the program waits for the recorder"), "{text}");
+    assert!(text.contains("drops its records"), "{text}");
+    assert!(text.contains("2 seconds"), "{text}");
+    assert!(text.contains("summary line") && text.contains("fnscope info"), "{text}");
+
+    let dir = TempDir::new("full");
+    let prog = compile_c_text(dir.path(), "crowd", CROWD);
+    let trace = dir.join("t");
+    let mut cmd = Command::new(fnscope());
+    cmd.args(["record", "--buffer-mb", "2", "-o"]).arg(&trace).arg("--").arg(&prog);
+    let r = run(&mut cmd, b"", TIMEOUT);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let (_, lost) = summary_counts(&r.stderr);
+    assert!(lost > 0, "with 48 threads holding 32 chunks some calls must be lost:\n{}", r.stderr);
+    let info = info(&trace);
+    assert!(info.contains(&format!("records lost:     {lost}\n")), "info agrees with the summary ({lost}):\n{info}");
+    let (f_calls, _) = calls_of(&report(&trace).unwrap(), "crowd", "f");
+    assert!(f_calls < 48, "f's lost calls are not in the trace: {f_calls}");
+}
+
+/// Offsets and kinds of the chunks of a trace file.
+fn chunks(file: &[u8]) -> Vec<(usize, u32)> {
+    let mut at = 16;
+    let mut v = Vec::new();
+    while at + 12 <= file.len() {
+        let kind = u32::from_le_bytes(file[at..at + 4].try_into().unwrap());
+        let len = u32::from_le_bytes(file[at + 4..at + 8].try_into().unwrap()) as usize;
+        v.push((at, kind));
+        at += 12 + len;
+    }
+    v
+}
+
+/// Item 20: the checksum covers the chunk's kind: a real trace with the kind of an EVENTS
+/// chunk changed is reported as damaged, and `info` no longer says it is complete.
+#[test]
+fn flipped_chunk_kind_is_damage() {
+    let dir = TempDir::new("kind");
+    let prog = waiter(&dir);
+    let stop = dir.join("stop");
+    fs::write(&stop, "").unwrap();
+    let good = dir.join("good");
+    let r = Invocation::new(&prog, dir.path()).args(&[path_str(&stop)]).run_recorded(&good);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(info(&good).contains("complete:         yes"));
+    let bytes = fs::read(good.join("trace.fns")).unwrap();
+    let (events_at, _) = *chunks(&bytes)
+        .iter()
+        .find(|(_, kind)| *kind == 3)
+        .expect("the trace has an EVENTS chunk");
+    // An unknown kind (skipped by readers) and a known one (decoded as something else).
+    for new_kind in [7u8, 2] {
+        let bad = dir.join(format!("bad{new_kind}"));
+        copy_dir(&good, &bad);
+        let mut b = bytes.clone();
+        b[events_at] = new_kind;
+        fs::write(bad.join("trace.fns"), &b).unwrap();
+        let info = info(&bad);
+        assert!(!info.contains("complete:         yes"), "kind {new_kind}:\n{info}");
+        let rep = fnscope_cmd(&["report", "-i", path_str(&bad)]);
+        assert!(
+            rep.stderr.contains(&format!("damaged at byte offset {events_at}")),
+            "kind {new_kind}: report names the damaged chunk\n{}",
+            rep.describe()
+        );
+    }
+}
+
+/// fib(n) calls itself 2·fib(n+1)−1 times, all in one call tree under `main`.
+const FIB: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+int main(int argc, char **argv) { printf("%ld\n", fib(atoi(argv[1]))); return 0; }
+"#;
+
+/// Runs `fnscope ARGS` with its output thrown away; returns its exit code and the highest
+/// peak resident memory (VmHWM, KiB) seen while it ran. VmHWM belongs to the address space
+/// made by `exec`, unlike `wait4`'s maxrss, which starts from the spawning test process's.
+fn peak_memory_kib(args: &[&str]) -> (i32, u64) {
+    let mut child = Command::new(fnscope())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    let t0 = Instant::now();
+    loop {
+        let hwm = fs::read_to_string(&status_file).ok().and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        });
+        peak = peak.max(hwm.unwrap_or(0));
+        if let Some(st) = child.try_wait().unwrap() {
+            return (st.code().unwrap_or(-1), peak);
+        }
+        assert!(t0.elapsed() < TIMEOUT, "fnscope {args:?} did not finish");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Item 22: `replay` streams: its memory does not grow with the number of calls, even when
+/// they all sit in one call tree (1.6 million calls here; a tree of them in memory took over
+/// 100 MB).
+#[test]
+fn replay_memory_does_not_grow_with_calls() {
+    let dir = TempDir::new("replay-mem");
+    let prog = compile_c_text(dir.path(), "fib", FIB);
+    let trace = dir.join("t");
+    let r = Invocation::new(&prog, dir.path()).args(&["29"]).run_recorded(&trace);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.stdout, "514229\n");
+    let (calls, lost) = summary_counts(&r.stderr);
+    assert_eq!(lost, 0);
+    assert!(calls >= 1_664_079, "fib(29) makes 1,664,079 calls: {calls}");
+    for format in ["tree", "lines"] {
+        let (code, kib) = peak_memory_kib(&["replay", "-i", path_str(&trace), "--format", format]);
+        assert_eq!(code, 0, "replay --format {format}");
+        assert!(kib < 48 * 1024, "replay --format {format} of {calls} calls peaked at {kib} KiB");
+    }
+    let mut cmd = Command::new(fnscope());
+    cmd.args(["replay", "--format", "lines", "-i", path_str(&trace)]);
+    let out = run(&mut cmd, b"", TIMEOUT);
+    assert_eq!(out.stdout.lines().count() as u64, 2 * calls, "every call entered and left once");
+}
