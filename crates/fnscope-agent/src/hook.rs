@@ -3,7 +3,7 @@
 use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
 use fnscope_abi::skip_reason;
 use fnscope_symbols::Inventory;
-use fnscope_x86::Verdict;
+use fnscope_x86::{Hook, HookForm, Patch, ReturnAddress, Verdict};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -66,13 +66,13 @@ pub struct ModuleResult {
     /// Functions skipped.
     pub skipped: usize,
     /// The jumps to write (after the image table naming them is out).
-    pub patches: Vec<(u64, [u8; 5])>,
+    pub patches: Vec<Patch>,
 }
 
 /// One function to patch, planned.
 struct Planned {
     addr: u64,
-    patch_len: usize,
+    hook: Hook,
     /// Pre-hook kind (trace slots get their id when built).
     id: u32,
     index: usize,
@@ -158,26 +158,35 @@ fn set_prot(addr: u64, len: usize, prot: libc::c_int) -> bool {
     unsafe { libc::mprotect(start as *mut libc::c_void, (end - start) as usize, prot) == 0 }
 }
 
-/// Writes `jmp rel32` patches. Pages are made writable around the writes and given back
-/// read+execute. Called at start-up (one thread) or for a library just loaded by `dlopen`,
-/// whose code no other thread is running yet.
-pub fn write_patches(patches: &[(u64, [u8; 5])]) -> Result<(), String> {
+/// Writes the jumps of hooks: islands first, then the jumps at entries. Pages are made
+/// writable around the writes and given back read+execute. Called at start-up (one thread)
+/// or for a library just loaded by `dlopen`, whose code no other thread is running yet.
+pub fn write_patches(patches: &[Patch]) -> Result<(), String> {
+    let (islands, entries): (Vec<Patch>, Vec<Patch>) = patches.iter().partition(|p| p.island);
+    write_sorted(&islands)?;
+    write_sorted(&entries)
+}
+
+/// Writes patches sorted by address.
+fn write_sorted(patches: &[Patch]) -> Result<(), String> {
     let mut i = 0;
     while i < patches.len() {
         // Group patches of neighbouring pages into one mprotect pair.
-        let first = patches[i].0;
+        let first = patches[i].address;
         let mut j = i;
-        while j + 1 < patches.len() && patches[j + 1].0 - patches[j].0 < 1 << 16 {
+        while j + 1 < patches.len() && patches[j + 1].address - patches[j].address < 1 << 16 {
             j += 1;
         }
-        let last = patches[j].0 + 5;
+        let last = patches[j].address + 5;
         if !set_prot(first, (last - first) as usize, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) {
             return Err(format!("cannot make code at {first:#x} writable: {}", std::io::Error::last_os_error()));
         }
-        for (addr, bytes) in &patches[i..=j] {
-            // SAFETY: the page range was made writable just above; the 5 bytes lie within a
-            // function the analysis found hookable (whole instructions, no branch into them).
-            unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), *addr as *mut u8, 5) };
+        for p in &patches[i..=j] {
+            let bytes = p.bytes();
+            // SAFETY: the page range was made writable just above; the bytes lie within a
+            // function the analysis found hookable (whole instructions, no branch into them)
+            // or in padding it found free (no symbol, FDE or reference, after a ret or jmp).
+            unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.address as *mut u8, bytes.len()) };
         }
         set_prot(first, (last - first) as usize, libc::PROT_READ | libc::PROT_EXEC);
         i = j + 1;
@@ -262,7 +271,7 @@ fn build_slots(
         SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
         SlotKind::Count => COUNT_CODE_OFFSET,
     };
-    let slot_len = |p: &Planned| round_up(code_offset + fnscope_x86::max_relocated_len(p.patch_len), 16);
+    let slot_len = |p: &Planned| round_up(code_offset + fnscope_x86::max_relocated_len(p.hook.relocate_len.into()), 16);
     let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
     let area = alloc_near(lo, hi, total).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
     let target = match kind {
@@ -283,8 +292,9 @@ fn build_slots(
     for p in plans {
         let slot = area.base + off as u64;
         let code_at = slot + code_offset as u64;
-        // SAFETY: reads `patch_len` bytes of a function's code in a mapped executable segment.
-        let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.patch_len) };
+        // SAFETY: reads `relocate_len` bytes of a function's code in a mapped executable
+        // segment.
+        let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.hook.relocate_len.into()) };
         let reloc = match fnscope_x86::relocate(orig, p.addr, code_at) {
             Ok(r) => r,
             Err(e) => {
@@ -296,7 +306,7 @@ fn build_slots(
             SlotKind::Trace | SlotKind::Prehook => slot,
             SlotKind::Count => slot + COUNT_TAIL as u64,
         };
-        let jmp = match fnscope_x86::jmp_rel32(p.addr, entry) {
+        let jumps = match p.hook.patches(p.addr, entry) {
             Some(j) => j,
             None => {
                 failed.push((p.index, "trampoline out of reach".to_string()));
@@ -328,20 +338,20 @@ fn build_slots(
             let n = reloc.len().min(slot_len(p) - code_offset);
             core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
         }
-        patches.push((p.addr, jmp));
+        patches.extend(jumps);
         off += slot_len(p);
     }
     if !set_prot(area.base, area.len, libc::PROT_READ | libc::PROT_EXEC) {
         return Err(format!("cannot make the trampolines executable: {}", std::io::Error::last_os_error()));
     }
-    patches.sort_by_key(|p| p.0);
+    patches.sort_by_key(|p| p.address);
     Ok(Built { patches, failed, ids })
 }
 
 /// Result of [`build_slots`].
 struct Built {
-    /// `jmp rel32` patches to write, by address.
-    patches: Vec<(u64, [u8; 5])>,
+    /// Jumps to write, by address.
+    patches: Vec<Patch>,
     /// Plans (by function index) whose prologue could not be moved, with the reason.
     failed: Vec<(usize, String)>,
     /// Function index and id of every slot built.
@@ -401,7 +411,8 @@ pub fn plan_module(
 ) -> Result<ModuleResult, String> {
     let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
-    let verdicts = fnscope_x86::analyze(&inv, &data);
+    let ra = if kind == SlotKind::Trace { ReturnAddress::Replaced } else { ReturnAddress::Kept };
+    let verdicts = fnscope_x86::analyze_for(&inv, &data, ra);
     let midx = table.modules;
     table.modules += 1;
     let build_id = inv.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>());
@@ -416,12 +427,12 @@ pub fn plan_module(
     let mut skips: Vec<(usize, &'static str, String)> = Vec::new();
     for (i, v) in verdicts.iter().enumerate() {
         match v {
-            Verdict::Hookable { .. } if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
+            Verdict::Hookable(_) if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
                 skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".to_string()))
             }
-            Verdict::Hookable { patch_len } => plans.push(Planned {
+            Verdict::Hookable(hook) => plans.push(Planned {
                 addr: obj.bias + inv.functions[i].address,
-                patch_len: *patch_len as usize,
+                hook: *hook,
                 id: 0,
                 index: i,
             }),
@@ -448,19 +459,21 @@ pub fn plan_module(
             name_of(&inv, *i)
         );
     }
-    Ok(ModuleResult { hooked: built.patches.len(), skipped: skips.len(), patches: built.patches })
+    Ok(ModuleResult { hooked: built.ids.len(), skipped: skips.len(), patches: built.patches })
 }
 
 /// Installs pre-hooks (kind in the id field) on functions given by run-time address.
 pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
     let data = std::fs::read(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
-    let verdicts = fnscope_x86::analyze(&inv, &data);
+    let verdicts = fnscope_x86::analyze_for(&inv, &data, ReturnAddress::Kept);
     let mut plans = Vec::new();
     for &(addr, kind) in targets {
         let Some(i) = inv.functions.iter().position(|f| f.address + obj.bias == addr) else { continue };
-        if let Verdict::Hookable { patch_len } = verdicts[i] {
-            plans.push(Planned { addr, patch_len: patch_len as usize, id: kind, index: i });
+        // Only the entry form: padding this analysis hands out could go to another function in
+        // the module's own analysis if its functions are traced too.
+        if let Verdict::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = verdicts[i] {
+            plans.push(Planned { addr, hook, id: kind, index: i });
         }
     }
     if plans.is_empty() {
@@ -468,7 +481,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
     }
     let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX)?;
     write_patches(&built.patches)?;
-    Ok(built.patches.len())
+    Ok(built.ids.len())
 }
 
 /// Whether `path` names the dynamic linker, the vDSO or this agent.

@@ -69,10 +69,11 @@ impl Hook {
     pub fn describe(&self) -> String {
         match self.form {
             HookForm::Entry => format!("jmp over {} bytes", self.relocate_len),
-            HookForm::Padding => format!(
-                "jmp over the whole function and {} bytes of padding",
-                JMP_LEN - usize::from(self.relocate_len)
-            ),
+            HookForm::Padding => {
+                let n = JMP_LEN - usize::from(self.relocate_len);
+                let s = if n == 1 { "" } else { "s" };
+                format!("jmp over the whole function and {n} byte{s} of padding")
+            }
             HookForm::Island { island_offset } => {
                 format!("jmp rel8 to a jmp in padding at {island_offset:+}")
             }
@@ -85,15 +86,15 @@ impl Hook {
     pub fn patches(&self, entry: u64, slot: u64) -> Option<Vec<Patch>> {
         match self.form {
             HookForm::Entry | HookForm::Padding => {
-                Some(vec![Patch::new(entry, &jmp_rel32(entry, slot)?)])
+                Some(vec![Patch::new(entry, &jmp_rel32(entry, slot)?, false)])
             }
             HookForm::Island { island_offset } => {
                 let island = entry.wrapping_add_signed(i64::from(island_offset));
                 let disp = island.wrapping_sub(entry.wrapping_add(SHORT_JMP_LEN as u64)) as i64;
                 let disp = i8::try_from(disp).ok()?;
                 Some(vec![
-                    Patch::new(island, &jmp_rel32(island, slot)?),
-                    Patch::new(entry, &[0xeb, disp as u8]),
+                    Patch::new(island, &jmp_rel32(island, slot)?, true),
+                    Patch::new(entry, &[0xeb, disp as u8], false),
                 ])
             }
         }
@@ -105,16 +106,20 @@ impl Hook {
 pub struct Patch {
     /// Where (run-time address).
     pub address: u64,
+    /// An island's jump: write every island before any entry's jump, so that no `jmp rel8`
+    /// ever leads to padding not yet patched.
+    pub island: bool,
     len: u8,
     bytes: [u8; JMP_LEN],
 }
 
 impl Patch {
-    fn new(address: u64, bytes: &[u8]) -> Patch {
+    fn new(address: u64, bytes: &[u8], island: bool) -> Patch {
         let mut b = [0u8; JMP_LEN];
         b[..bytes.len()].copy_from_slice(bytes);
         Patch {
             address,
+            island,
             len: bytes.len() as u8,
             bytes: b,
         }
