@@ -238,7 +238,8 @@ fn python_share_of_hookable_entries() {
     let entries = inv.functions.iter().filter(|f| f.entry).count();
     let hookable = verdicts.iter().filter(|v| v.hook().is_some()).count();
     let share = hookable as f64 / entries as f64;
-    assert!(share >= 0.95, "{hookable} of {entries} entries hookable");
+    // 98.1% with the 5-byte jump alone; short functions hooked through padding add 0.8%.
+    assert!(share >= 0.988, "{hookable} of {entries} entries hookable");
 }
 
 #[test]
