@@ -213,6 +213,11 @@ pub mod skip_reason {
     pub const NOT_ENTRY: &str = "not-entry";
     /// Known not to tolerate a replaced return address (returns twice, switches stacks, …).
     pub const DENYLIST: &str = "denylist";
+    /// The function reads, overwrites, pops or takes the address of its own return-address
+    /// slot (hand-written assembly that returns from another stack pointer, code using
+    /// `__builtin_return_address(0)`): a hook that replaces the return address would change
+    /// what it does. Timing mode only; count mode leaves the return address alone.
+    pub const READS_RETURN_ADDRESS: &str = "reads-return-address";
     /// The bytes could not be decoded as instructions.
     pub const UNDECODABLE: &str = "undecodable";
     /// No trampoline memory within ±2 GiB of the function.

@@ -3,7 +3,7 @@
 use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
 use fnscope_abi::skip_reason;
 use fnscope_symbols::Inventory;
-use fnscope_x86::Verdict;
+use fnscope_x86::{Hook, HookForm, ReturnAddress, Verdict};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -69,13 +69,12 @@ pub struct ModuleResult {
     pub patches: Vec<Patch>,
 }
 
-/// A jump to write over a function's first bytes.
+/// A jump to write for a function: at its entry, or in an island of padding its entry jumps
+/// to (see [`fnscope_x86::Hook`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Patch {
-    /// Run-time address of the function.
-    pub addr: u64,
-    /// The `jmp rel32` to its slot.
-    pub bytes: [u8; 5],
+    /// Where and what.
+    pub jump: fnscope_x86::Patch,
     /// The function's id (the pre-hook kind for pre-hooks).
     pub id: u32,
 }
@@ -85,7 +84,7 @@ struct Planned {
     addr: u64,
     /// Size of the function's code (0 when unknown).
     size: u64,
-    patch_len: usize,
+    hook: Hook,
     /// Pre-hook kind (trace slots get their id when built).
     id: u32,
     index: usize,
@@ -197,18 +196,32 @@ fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sys::Errno> {
 /// start-up (one thread) or for a library just loaded by `dlopen`, whose code no other thread
 /// is running yet.
 ///
-/// Pages are made writable around the writes, a run of patches at a time. A run never
-/// crosses from one mapping into another (a program that remaps its own code, as node does
-/// for huge pages, leaves gaps between the pieces) and each mapping gets its own protection
-/// back afterwards.
+/// Islands go first, so that no `jmp rel8` ever leads to padding not yet patched; an entry
+/// whose island could not be written is not written either.
 pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
     let maps = mappings();
+    let (islands, entries): (Vec<Patch>, Vec<Patch>) = patches.iter().partition(|p| p.jump.island);
+    let mut failed = write_sorted(&islands, &maps);
+    let entries: Vec<Patch> = entries.into_iter().filter(|e| !failed.iter().any(|f| f.0.id == e.id)).collect();
+    let island_failures: Vec<(Patch, String)> =
+        patches.iter().filter(|p| !p.jump.island && failed.iter().any(|f| f.0.id == p.id)).map(|p| (*p, "its island could not be written".to_string())).collect();
+    failed.retain(|f| !f.0.jump.island);
+    failed.extend(island_failures);
+    failed.extend(write_sorted(&entries, &maps));
+    failed
+}
+
+/// Writes patches sorted by address, a run at a time. A run never crosses from one mapping
+/// into another (a program that remaps its own code, as node does for huge pages, leaves gaps
+/// between the pieces) and each mapping gets its own protection back afterwards.
+fn write_sorted(patches: &[Patch], maps: &[Mapping]) -> Vec<(Patch, String)> {
     let mapping_of = |a: u64| maps.iter().position(|m| m.lo <= a && a < m.hi);
     let mut failed = Vec::new();
     let mut i = 0;
     while i < patches.len() {
-        let first = patches[i].addr;
-        let (Some(m), Some(m_end)) = (mapping_of(first), mapping_of(first + 4)) else {
+        let first = patches[i].jump.address;
+        let len = |p: &Patch| p.jump.bytes().len() as u64;
+        let (Some(m), Some(m_end)) = (mapping_of(first), mapping_of(first + len(&patches[i]) - 1)) else {
             failed.push((patches[i], format!("no mapping holds the code at {first:#x}")));
             i += 1;
             continue;
@@ -218,12 +231,12 @@ pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
         let mut j = i;
         while m == m_end
             && j + 1 < patches.len()
-            && patches[j + 1].addr - patches[j].addr < 1 << 16
-            && patches[j + 1].addr + 5 <= maps[m].hi
+            && patches[j + 1].jump.address - patches[j].jump.address < 1 << 16
+            && patches[j + 1].jump.address + len(&patches[j + 1]) <= maps[m].hi
         {
             j += 1;
         }
-        let last = patches[j].addr + 5;
+        let last = patches[j].jump.address + len(&patches[j]);
         if let Err(e) = set_prot(first, (last - first) as usize, PROT_READ | PROT_WRITE | PROT_EXEC) {
             let why = format!("cannot make its code writable: {e}");
             failed.extend(patches[i..=j].iter().map(|p| (*p, why.clone())));
@@ -231,9 +244,11 @@ pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
             continue;
         }
         for p in &patches[i..=j] {
-            // SAFETY: the page range was made writable just above; the 5 bytes lie within a
-            // function the analysis found hookable (whole instructions, no branch into them).
-            unsafe { core::ptr::copy_nonoverlapping(p.bytes.as_ptr(), p.addr as *mut u8, 5) };
+            let bytes = p.jump.bytes();
+            // SAFETY: the page range was made writable just above; the bytes lie within a
+            // function the analysis found hookable (whole instructions, no branch into them)
+            // or in padding it found free (no symbol, FDE or reference, after a ret or jmp).
+            unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.jump.address as *mut u8, bytes.len()) };
         }
         for k in m..=m_end {
             let lo = first.max(maps[k].lo);
@@ -249,14 +264,16 @@ pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
 /// Whether an object found at a load address already looked at is a new load: `probe` is a
 /// function patched in the earlier one, which holds its original bytes again if the library
 /// was unloaded and loaded anew.
-pub fn reloaded(obj: &Loaded, probe: Option<(u64, [u8; 5])>) -> bool {
-    let Some((addr, bytes)) = probe else { return false };
-    if addr < obj.lo || addr + 5 > obj.hi {
+pub fn reloaded(obj: &Loaded, probe: Option<fnscope_x86::Patch>) -> bool {
+    let Some(probe) = probe else { return false };
+    let (addr, bytes) = (probe.address, probe.bytes());
+    let end = addr + bytes.len() as u64;
+    if addr < obj.lo || end > obj.hi {
         return true;
     }
-    let readable = mappings().iter().any(|m| m.lo <= addr && addr + 5 <= m.hi && m.prot & PROT_READ != 0);
-    // SAFETY: the 5 bytes lie in a readable mapping of the object now loaded there.
-    readable && unsafe { core::ptr::read_unaligned(addr as *const [u8; 5]) } != bytes
+    let readable = mappings().iter().any(|m| m.lo <= addr && end <= m.hi && m.prot & PROT_READ != 0);
+    // SAFETY: the bytes lie in a readable mapping of the object now loaded there.
+    readable && unsafe { std::slice::from_raw_parts(addr as *const u8, bytes.len()) } != bytes
 }
 
 /// Which stub a slot jumps to.
@@ -336,7 +353,7 @@ fn build_slots(
         SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
         SlotKind::Count => COUNT_CODE_OFFSET,
     };
-    let slot_len = |p: &Planned| round_up(code_offset + fnscope_x86::max_relocated_len(p.patch_len), 16);
+    let slot_len = |p: &Planned| round_up(code_offset + fnscope_x86::max_relocated_len(p.hook.relocate_len.into()), 16);
     let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
     let area = alloc_near(lo, hi, total).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
     let target = match kind {
@@ -357,8 +374,9 @@ fn build_slots(
     for p in plans {
         let slot = area.base + off as u64;
         let code_at = slot + code_offset as u64;
-        // SAFETY: reads `patch_len` bytes of a function's code in a mapped executable segment.
-        let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.patch_len) };
+        // SAFETY: reads `relocate_len` bytes of a function's code in a mapped executable
+        // segment.
+        let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.hook.relocate_len.into()) };
         let reloc = match fnscope_x86::relocate(orig, p.addr, code_at) {
             Ok(r) => r,
             Err(e) => {
@@ -370,7 +388,7 @@ fn build_slots(
             SlotKind::Trace | SlotKind::Prehook => slot,
             SlotKind::Count => slot + COUNT_TAIL as u64,
         };
-        let jmp = match fnscope_x86::jmp_rel32(p.addr, entry) {
+        let jumps = match p.hook.patches(p.addr, entry) {
             Some(j) => j,
             None => {
                 failed.push((p.index, "trampoline out of reach".to_string()));
@@ -405,11 +423,11 @@ fn build_slots(
             let n = reloc.len().min(slot_len(p) - code_offset);
             core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
         }
-        patches.push(Patch { addr: p.addr, bytes: jmp, id });
+        patches.extend(jumps.into_iter().map(|jump| Patch { jump, id }));
         off += slot_len(p);
     }
     set_prot(area.base, area.len, PROT_READ | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
-    patches.sort_by_key(|p| p.addr);
+    patches.sort_by_key(|p| p.jump.address);
     Ok(Built { patches, failed, ids })
 }
 
@@ -481,7 +499,8 @@ pub fn plan_module(
 ) -> Result<ModuleResult, String> {
     let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
-    let verdicts = fnscope_x86::analyze(&inv, &data);
+    let ra = if kind == SlotKind::Trace { ReturnAddress::Replaced } else { ReturnAddress::Kept };
+    let verdicts = fnscope_x86::analyze_for(&inv, &data, ra);
     let midx = table.modules;
     table.modules += 1;
     let build_id = inv.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>());
@@ -507,26 +526,26 @@ pub fn plan_module(
     let v8 = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("_ZN2v88internal")));
     for (i, v) in verdicts.iter().enumerate() {
         match v {
-            Verdict::Hookable { .. } if walker.is_some() => {
+            Verdict::Hookable(_) if walker.is_some() => {
                 skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().to_string()))
             }
-            Verdict::Hookable { .. } if v8 && called_by_v8_generated_code(&inv.functions[i]) => skips.push((
+            Verdict::Hookable(_) if v8 && called_by_v8_generated_code(&inv.functions[i]) => skips.push((
                 i,
                 skip_reason::STACK_WALKER,
                 "called from V8's generated code, whose stack walker reads this return address".to_string(),
             )),
-            Verdict::Hookable { .. } if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
+            Verdict::Hookable(_) if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
                 skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".to_string()))
             }
-            Verdict::Hookable { .. } if cfi_elsewhere && !inv.functions[i].has_cfi => skips.push((
+            Verdict::Hookable(_) if cfi_elsewhere && !inv.functions[i].has_cfi => skips.push((
                 i,
                 skip_reason::NO_CFI,
                 "no call frame information (generated or hand-written code): count mode hooks it".to_string(),
             )),
-            Verdict::Hookable { patch_len } => plans.push(Planned {
+            Verdict::Hookable(hook) => plans.push(Planned {
                 addr: obj.bias + inv.functions[i].address,
                 size: inv.functions[i].size,
-                patch_len: *patch_len as usize,
+                hook: *hook,
                 id: 0,
                 index: i,
             }),
@@ -553,19 +572,21 @@ pub fn plan_module(
             name_of(&inv, *i)
         );
     }
-    Ok(ModuleResult { hooked: built.patches.len(), skipped: skips.len(), patches: built.patches })
+    Ok(ModuleResult { hooked: built.ids.len(), skipped: skips.len(), patches: built.patches })
 }
 
 /// Installs pre-hooks (kind in the id field) on functions given by run-time address.
 pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
     let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
-    let verdicts = fnscope_x86::analyze(&inv, &data);
+    let verdicts = fnscope_x86::analyze_for(&inv, &data, ReturnAddress::Kept);
     let mut plans = Vec::new();
     for &(addr, kind) in targets {
         let Some(i) = inv.functions.iter().position(|f| f.address + obj.bias == addr) else { continue };
-        if let Verdict::Hookable { patch_len } = verdicts[i] {
-            plans.push(Planned { addr, size: inv.functions[i].size, patch_len: patch_len as usize, id: kind, index: i });
+        // Only the entry form: padding this analysis hands out could go to another function in
+        // the module's own analysis if its functions are traced too.
+        if let Verdict::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = verdicts[i] {
+            plans.push(Planned { addr, size: inv.functions[i].size, hook, id: kind, index: i });
         }
     }
     if plans.is_empty() {
@@ -575,7 +596,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
     if let Some((_, why)) = write_patches(&built.patches).into_iter().next() {
         return Err(why);
     }
-    Ok(built.patches.len())
+    Ok(built.ids.len())
 }
 
 /// Why a module's runtime cannot run with changed return addresses, if it is one of those

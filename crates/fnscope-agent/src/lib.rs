@@ -148,7 +148,7 @@ struct Tracer {
     /// Objects already looked at, by load address, with the address of one function patched
     /// in each (if any): a library unloaded and loaded again at the same address has its
     /// original bytes back there, and is hooked again.
-    seen: HashMap<u64, Option<(u64, [u8; 5])>>,
+    seen: HashMap<u64, Option<fnscope_x86::Patch>>,
     /// Slots to build: tracing or counting.
     kind: hook::SlotKind,
 }
@@ -177,7 +177,7 @@ impl Tracer {
                 Ok(r) => {
                     hooked += r.hooked;
                     skipped += r.skipped;
-                    self.seen.insert(obj.lo, r.patches.first().map(|p| (p.addr, p.bytes)));
+                    self.seen.insert(obj.lo, r.patches.iter().find(|p| !p.jump.island).map(|p| p.jump));
                     pending.push(r.patches);
                 }
                 Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),

@@ -266,3 +266,13 @@ pub fn process_exists(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe { syscall6(SYS_KILL, pid as usize, 0, 0, 0, 0, 0) != -ESRCH }
 }
+
+/// Whether the page holding `addr` is mapped (`mincore` fails with ENOMEM on a hole).
+pub fn is_mapped(addr: u64) -> bool {
+    const SYS_MINCORE: usize = 27;
+    const ENOMEM: isize = 12;
+    let mut vec = 0u8;
+    // SAFETY: mincore only writes one byte per page of the range, here one byte into `vec`.
+    let r = unsafe { syscall6(SYS_MINCORE, (addr & !4095) as usize, 4096, &mut vec as *mut u8 as usize, 0, 0, 0) };
+    r != -ENOMEM
+}

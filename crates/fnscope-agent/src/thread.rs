@@ -259,6 +259,14 @@ unsafe fn disarm_all(st: *mut ThreadState, sp: u64) {
     }
 }
 
+/// Whether `slot`, off the thread's own stack, lies on a stack that is gone. `posix_spawn`'s
+/// child runs on a stack of its own with its parent's thread pointer, so its hooked calls
+/// push entries onto the parent's shadow stack, and the stack is unmapped once the child has
+/// exec'd; entries of a coroutine's stack stay, as long as it is there.
+fn gone_stack(slot: u64) -> bool {
+    !sys::is_mapped(slot)
+}
+
 /// When a call found left by a `longjmp` (or an exception the unwinder hooks did not see)
 /// ended: at the thread's latest `longjmp` if that came after the call began, else `now`,
 /// when it was noticed.
@@ -342,8 +350,12 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             let e = (k - 32) as *const ShadowEntry;
             // A frame that calls from above its own return slot (libffi's ffi_call_unix64 builds
             // a frame in memory its caller reserved) is alive: the call returns into its code.
-            let dead = ((*e).slot < rsp && !in_function((*e).id, ret)) || ((*e).slot == rsp && !tail_call);
-            if !dead || !on_stack((*e).slot) {
+            let dead = if on_stack((*e).slot) {
+                ((*e).slot < rsp && !in_function((*e).id, ret)) || ((*e).slot == rsp && !tail_call)
+            } else {
+                gone_stack((*e).slot)
+            };
+            if !dead {
                 break;
             }
             k -= 32;
@@ -651,7 +663,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
         let mut r = k + 32;
         while r < top {
             let e = core::ptr::read(r as *const ShadowEntry);
-            if e.slot < rsp && on_stack(rsp) && on_stack(e.slot) {
+            if (e.slot < rsp && on_stack(rsp) && on_stack(e.slot)) || (!on_stack(e.slot) && gone_stack(e.slot)) {
                 let depth = ((r - base) / 32) as u32;
                 emit(st, Record::new(e.t_entry, gone_at(st, e.t_entry, now), e.id as u32, depth, REC_FLAG_UNWOUND));
             } else {
@@ -702,12 +714,19 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
     let exit = stubs::fnscope_exit as *const () as u64;
     // SAFETY: per the caller's guarantee; a slot is only written when it holds the value this
     // agent put there (or the real address it replaced), i.e. it is that frame's return slot.
+    // Oldest first: when entries share a slot, the oldest holds the frame's real return
+    // address (the others are tail calls, whose saved "return address" is the exit stub, or
+    // stale entries a vfork child left), and the first write settles the slot.
     unsafe {
-        let mut p = (*st).ss_top;
-        while p > (*st).ss_base {
-            p -= 32;
+        let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
+        let mut p = (*st).ss_base;
+        while p < (*st).ss_top {
             let e = p as *const ShadowEntry;
             let slot = (*e).slot as *mut u64;
+            p += 32;
+            if ((*e).slot < lo || (*e).slot >= hi) && gone_stack((*e).slot) {
+                continue;
+            }
             let (from, to) = if armed { ((*e).ret, exit) } else { (exit, (*e).ret) };
             if read_volatile(slot) == from {
                 write_volatile(slot, to);

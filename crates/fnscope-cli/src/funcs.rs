@@ -2,7 +2,7 @@
 //! position, or the function list of a Windows PDB file.
 
 use anyhow::{Context, Result};
-use fnscope_x86::Verdict;
+use fnscope_x86::{HookForm, Verdict};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -33,6 +33,8 @@ struct Row {
     /// `None` when not analysed (PDB listings).
     hookable: Option<bool>,
     reason: &'static str,
+    /// How a hookable function is hooked (`entry`, `padding`, `island`).
+    form: Option<&'static str>,
     detail: String,
     source: &'static str,
     file: Option<String>,
@@ -102,10 +104,13 @@ fn elf_rows(path: &Path, raw: bool) -> Result<Vec<Row>> {
         .zip(verdicts)
         .enumerate()
         .map(|(index, (f, v))| {
-            let (hookable, reason, detail) = match v {
-                Verdict::Hookable { .. } => (true, "", String::new()),
-                Verdict::Skip { reason, detail } => (false, reason, detail),
+            let (hookable, reason, detail) = match &v {
+                // How a short function is hooked is worth saying; the usual jump is not.
+                Verdict::Hookable(h) if h.form == HookForm::Entry => (true, "", String::new()),
+                Verdict::Hookable(h) => (true, "", h.describe()),
+                Verdict::Skip { reason, detail } => (false, *reason, detail.clone()),
             };
+            let form = v.hook().map(|h| h.form_name());
             let loc = lines.as_ref().and_then(|l| l.locate(f.address));
             let name = match (&f.name, raw) {
                 (Some(n), true) => n.clone(),
@@ -119,6 +124,7 @@ fn elf_rows(path: &Path, raw: bool) -> Result<Vec<Row>> {
                 entry: f.entry,
                 hookable: Some(hookable),
                 reason,
+                form,
                 detail,
                 source: source_name(f.source),
                 file: loc.as_ref().map(|l| l.file.clone()),
@@ -143,6 +149,7 @@ fn pdb_rows(path: &Path, raw: bool) -> Result<Vec<Row>> {
             entry: true,
             hookable: None,
             reason: "",
+            form: None,
             detail: String::new(),
             source: "pdb",
             file: f.file,
@@ -170,6 +177,14 @@ fn summary_line(rows: &[Row], pdb: bool) -> String {
         rows.len(),
         100.0 * hookable as f64 / entries.max(1) as f64
     );
+    let over_padding = rows.iter().filter(|r| r.form == Some("padding")).count();
+    let islands = rows.iter().filter(|r| r.form == Some("island")).count();
+    if over_padding + islands > 0 {
+        let _ = write!(
+            s,
+            ", of which {over_padding} over their padding and {islands} through an island"
+        );
+    }
     if !by_reason.is_empty() {
         let parts: Vec<String> = by_reason.iter().map(|(r, n)| format!("{r} {n}")).collect();
         let _ = write!(s, "; skipped: {}", parts.join(", "));
@@ -228,6 +243,9 @@ fn row_json(r: &Row, module: &str) -> serde_json::Value {
         "reason": r.reason,
         "source": r.source,
     });
+    if let Some(f) = r.form {
+        o["form"] = json!(f);
+    }
     if !r.detail.is_empty() {
         o["detail"] = json!(r.detail);
     }

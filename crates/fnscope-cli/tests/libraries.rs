@@ -126,3 +126,51 @@ fn libraries_are_left_alone_without_lib() {
     assert!(per_module.contains_key("dlopen_main"), "{per_module:?}");
     assert!(!per_module.contains_key("libplugin.so") && !per_module.contains_key("liblinked.so"), "{per_module:?}");
 }
+
+#[test]
+fn count_mode_has_counters_for_a_large_library_loaded_late() {
+    // 20,000 functions arriving by dlopen: count mode had room for 16,384 ids beyond the
+    // program's own, and the rest were skipped as "no counter left" (libjvm has 25,000).
+    let dir = TempDir::new("big-dlopen");
+    let mut lib = String::new();
+    for i in 0..20_000u32 {
+        lib.push_str(&format!("__attribute__((noinline)) long big_{i}(long x) {{ return x * {} + {i}; }}\n", i + 3));
+    }
+    lib.push_str("long big_call(long x) { return big_19999(x) + big_0(x); }\n");
+    std::fs::write(dir.join("big.c"), lib).unwrap();
+    std::fs::write(
+        dir.join("main.c"),
+        "#include <dlfcn.h>\n#include <stdio.h>\n\
+         int main(int argc, char **argv) {\n\
+           void *h = dlopen(argv[1], RTLD_NOW); if (!h) return 1;\n\
+           long (*f)(long) = (long (*)(long))dlsym(h, \"big_call\");\n\
+           long s = 0; for (int i = 0; i < 10; i++) s += f(i);\n\
+           printf(\"%ld\\n\", s); return 0; }\n",
+    )
+    .unwrap();
+    let d = path_str(dir.path());
+    gcc(&["-O1", "-shared", "-fPIC", "-o", &format!("{d}/libbig.so"), &format!("{d}/big.c")], dir.path());
+    gcc(&["-O1", "-o", &format!("{d}/big_main"), &format!("{d}/main.c"), "-ldl"], dir.path());
+    let lib = dir.join("libbig.so");
+    let inv = Invocation::new(dir.join("big_main"), dir.path())
+        .args(&[path_str(&lib)])
+        .record_args(&["--mode", "count", "--lib", "libbig"]);
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}\n{}", r.describe()));
+    let calls = |name: &str| -> u64 {
+        json.as_array()
+            .expect("a JSON array")
+            .iter()
+            .filter(|f| f["name"] == name)
+            .map(|f| f["calls"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(calls("big_0"), 10);
+    assert_eq!(calls("big_19999"), 10, "the last of 20,000 functions loaded late has no counter\n{}", info(&trace));
+}

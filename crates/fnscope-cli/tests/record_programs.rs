@@ -616,6 +616,14 @@ fn exec_with_an_environment_of_its_own_is_followed() {
 }
 
 #[test]
+fn fork_after_posix_spawn_with_libc_hooked() {
+    // posix_spawn's child runs on a stack of its own with its parent's thread pointer: its
+    // hooked libc calls left entries whose slots were unmapped once it exec'd, and every child
+    // forked later crashed on them.
+    check_case(&Case { record_args: &["--lib", "libc.so"], ..Case::new("spawn_fork.c", "spawn_fork") });
+}
+
+#[test]
 fn call_open_at_fork_is_the_parents() {
     // spawner is running when the process forks: one call in both modes (before, timing mode
     // recorded it in the parent and again in the child).

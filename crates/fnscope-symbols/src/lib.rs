@@ -128,6 +128,11 @@ pub struct Inventory {
     pub code: Vec<CodeRange>,
     /// Functions sorted by address, one per start address.
     pub functions: Vec<Function>,
+    /// Every address range in code that something claims, sorted by start: each symbol
+    /// defined in code (of any type, from every symbol table read, before merging; one
+    /// without a size claims its first byte) and each FDE. Bytes of code outside all of
+    /// them belong to no function: alignment padding, or code nothing describes.
+    pub claims: Vec<(u64, u64)>,
 }
 
 impl Inventory {
@@ -292,6 +297,12 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
             inner: Default::default(),
         },
     };
+    let mut claims = other_symbol_claims(&file, &code);
+    claims.extend(cands.iter().map(|c| (c.address, c.address.saturating_add(c.size.max(1)))));
+    claims.extend(scan.pieces.iter().map(|p| (p.start, p.start.saturating_add(p.len.max(1)))));
+    claims.sort_unstable();
+    claims.dedup();
+
     // PLT stubs have FDEs but are not functions of this file: calls through them belong to
     // the library that defines the target.
     let plt = plt_ranges(&file);
@@ -309,7 +320,33 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
         debug_file,
         code,
         functions,
+        claims,
     })
+}
+
+/// Ranges of the symbols in code that are not functions (`STT_NOTYPE` labels of hand-written
+/// assembly, `STT_OBJECT` data placed in code): such bytes may be entered or read although
+/// no function owns them.
+fn other_symbol_claims(file: &ElfFile64<'_, Endianness>, code: &[CodeRange]) -> Vec<(u64, u64)> {
+    let endian = file.endian();
+    let mut out = Vec::new();
+    for table in [file.elf_symbol_table(), file.elf_dynamic_symbol_table()] {
+        for sym in table.iter() {
+            let t = sym.st_type();
+            if matches!(t, elf::STT_FUNC | elf::STT_GNU_IFUNC | elf::STT_SECTION | elf::STT_FILE) {
+                continue;
+            }
+            let shndx = sym.st_shndx(endian);
+            if shndx == elf::SHN_UNDEF || shndx == elf::SHN_ABS {
+                continue;
+            }
+            let address = sym.st_value(endian);
+            if in_code(code, address) {
+                out.push((address, address.saturating_add(sym.st_size(endian).max(1))));
+            }
+        }
+    }
+    out
 }
 
 /// Rejects what is not 64-bit little-endian x86-64 ELF before the parser sees it, so that the

@@ -35,9 +35,13 @@ fn main() {
         let entries = inv.functions.iter().filter(|f| f.entry).count();
         let mut hookable = 0;
         let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut forms: BTreeMap<&str, usize> = BTreeMap::new();
         for (f, v) in inv.functions.iter().zip(&verdicts) {
             match v {
-                Verdict::Hookable { .. } => hookable += 1,
+                Verdict::Hookable(h) => {
+                    hookable += 1;
+                    *forms.entry(h.form_name()).or_default() += 1;
+                }
                 Verdict::Skip { reason, detail } => {
                     *reasons.entry(reason).or_default() += 1;
                     // Stop quietly when the reader (e.g. `head`) has gone.
@@ -64,6 +68,7 @@ fn main() {
             (t1 - t0).as_secs_f64() * 1e3,
             (t2 - t1).as_secs_f64() * 1e3,
         );
+        println!("  hooked by form: {forms:?}");
         println!("  skipped: {reasons:?}");
     }
 }

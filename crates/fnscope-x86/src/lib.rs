@@ -1,9 +1,14 @@
-//! x86-64 code analysis for inline hooks: which functions can take a 5-byte `jmp rel32` at
-//! their entry, and the relocation of the instructions that jump displaces.
+//! x86-64 code analysis for inline hooks: which functions can take a jump to a trampoline at
+//! their entry, in which form, and the relocation of the instructions that jump displaces.
 //!
-//! A function is hookable when the whole instructions covering its first 5 bytes can run
-//! elsewhere (in a trampoline) unchanged in effect, and nothing else in the module branches
-//! into the middle of those bytes, which the jump overwrites.
+//! The usual form is a 5-byte `jmp rel32` over the first whole instructions, which run
+//! elsewhere (in a trampoline) unchanged in effect; nothing else in the module may branch
+//! into the middle of those bytes. A function shorter than that jump, or one that other code
+//! branches into, can still be hooked through alignment padding that no code reaches: see
+//! [`HookForm`].
+
+mod padding;
+mod retaddr;
 
 use fnscope_abi::skip_reason;
 use fnscope_symbols::{strip_version, Function, Inventory};
@@ -11,22 +16,126 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
     InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
+use padding::{is_near_branch, is_terminator, Module, RefKind};
 
-/// Bytes of the `jmp rel32` written at a hooked function's entry.
+/// Bytes of the `jmp rel32` written at a hooked function's entry (or in its island).
 pub const JMP_LEN: usize = 5;
 
-/// Longest possible patch: 4 bytes of whole instructions, then one of up to 15 bytes.
+/// Bytes of the `jmp rel8` written at the entry of a function hooked through an island.
+pub const SHORT_JMP_LEN: usize = 2;
+
+/// Longest possible relocation: 4 bytes of whole instructions, then one of up to 15 bytes.
 pub const MAX_PATCH_LEN: usize = JMP_LEN - 1 + 15;
+
+/// How a hook's jump reaches the trampoline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookForm {
+    /// A `jmp rel32` over the first `relocate_len` (at least 5) bytes, whole instructions.
+    Entry,
+    /// The function is shorter than 5 bytes and ends with `ret` or `jmp`: the `jmp rel32`
+    /// covers all of it (`relocate_len` bytes) and the first bytes of the free padding after
+    /// it.
+    Padding,
+    /// A `jmp rel8` over the first 2 bytes of the entry goes to a `jmp rel32` placed in free
+    /// padding `island_offset` bytes away; the whole instructions covering those 2 bytes
+    /// (`relocate_len`) are relocated, and the bytes after the first 2 are left as they are.
+    Island {
+        /// Distance from the entry to the island (the 5-byte jump), in bytes.
+        island_offset: i16,
+    },
+}
+
+/// How to hook one function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hook {
+    /// Bytes of whole instructions at the entry that run in the trampoline: pass exactly
+    /// these to [`relocate`].
+    pub relocate_len: u8,
+    /// Where the jumps go.
+    pub form: HookForm,
+}
+
+impl Hook {
+    /// `entry`, `padding` or `island`, for listings.
+    pub fn form_name(&self) -> &'static str {
+        match self.form {
+            HookForm::Entry => "entry",
+            HookForm::Padding => "padding",
+            HookForm::Island { .. } => "island",
+        }
+    }
+
+    /// How the hook is made, in a few words, for listings.
+    pub fn describe(&self) -> String {
+        match self.form {
+            HookForm::Entry => format!("jmp over {} bytes", self.relocate_len),
+            HookForm::Padding => {
+                let n = JMP_LEN - usize::from(self.relocate_len);
+                let s = if n == 1 { "" } else { "s" };
+                format!("jmp over the whole function and {n} byte{s} of padding")
+            }
+            HookForm::Island { island_offset } => {
+                format!("jmp rel8 to a jmp in padding at {island_offset:+}")
+            }
+        }
+    }
+
+    /// The bytes to write for a function whose entry is at `entry` (run-time address) and
+    /// whose trampoline starts at `slot`, in the order to write them: an island's jump comes
+    /// before the entry's jump to it. `None` if `slot` is beyond the reach of a `jmp rel32`.
+    pub fn patches(&self, entry: u64, slot: u64) -> Option<Vec<Patch>> {
+        match self.form {
+            HookForm::Entry | HookForm::Padding => {
+                Some(vec![Patch::new(entry, &jmp_rel32(entry, slot)?, false)])
+            }
+            HookForm::Island { island_offset } => {
+                let island = entry.wrapping_add_signed(i64::from(island_offset));
+                let disp = island.wrapping_sub(entry.wrapping_add(SHORT_JMP_LEN as u64)) as i64;
+                let disp = i8::try_from(disp).ok()?;
+                Some(vec![
+                    Patch::new(island, &jmp_rel32(island, slot)?, true),
+                    Patch::new(entry, &[0xeb, disp as u8], false),
+                ])
+            }
+        }
+    }
+}
+
+/// Bytes to write at one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patch {
+    /// Where (run-time address).
+    pub address: u64,
+    /// An island's jump: write every island before any entry's jump, so that no `jmp rel8`
+    /// ever leads to padding not yet patched.
+    pub island: bool,
+    len: u8,
+    bytes: [u8; JMP_LEN],
+}
+
+impl Patch {
+    fn new(address: u64, bytes: &[u8], island: bool) -> Patch {
+        let mut b = [0u8; JMP_LEN];
+        b[..bytes.len()].copy_from_slice(bytes);
+        Patch {
+            address,
+            island,
+            len: bytes.len() as u8,
+            bytes: b,
+        }
+    }
+
+    /// The bytes (2 or 5).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
 
 /// What [`analyze`] decided for one function.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// The function can be hooked by overwriting its first `patch_len` bytes (whole
-    /// instructions, at least 5) and relocating them into a trampoline.
-    Hookable {
-        /// Bytes to displace: pass exactly these to [`relocate`].
-        patch_len: u8,
-    },
+    /// The function can be hooked.
+    Hookable(Hook),
     /// The function must not be hooked.
     Skip {
         /// One of the `fnscope_abi::skip_reason` codes.
@@ -37,13 +146,28 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The patch length if the function is hookable.
-    pub fn patch_len(&self) -> Option<usize> {
+    /// The hook if the function is hookable.
+    pub fn hook(&self) -> Option<&Hook> {
         match self {
-            Verdict::Hookable { patch_len } => Some(usize::from(*patch_len)),
+            Verdict::Hookable(h) => Some(h),
             Verdict::Skip { .. } => None,
         }
     }
+
+    /// The bytes to relocate if the function is hookable.
+    pub fn relocate_len(&self) -> Option<usize> {
+        self.hook().map(|h| usize::from(h.relocate_len))
+    }
+}
+
+/// What the hook will do with the function's return address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReturnAddress {
+    /// Replaced by the exit stub's address while the function runs (timing mode): functions
+    /// that use their return-address slot are skipped.
+    Replaced,
+    /// Left alone (count mode, pre-hooks).
+    Kept,
 }
 
 /// Functions that do not tolerate a replaced return address, with why: they return twice,
@@ -104,120 +228,263 @@ fn skip(reason: &'static str, detail: String) -> Verdict {
     Verdict::Skip { reason, detail }
 }
 
-/// Decides, for every function of `inv.functions` (same order), whether it can be hooked.
+/// Decides, for every function of `inv.functions` (same order), whether and how it can be
+/// hooked by a hook that replaces its return address (timing mode); see [`analyze_for`].
+pub fn analyze(inv: &Inventory, data: &[u8]) -> Vec<Verdict> {
+    analyze_for(inv, data, ReturnAddress::Replaced)
+}
+
+/// Decides, for every function of `inv.functions` (same order), whether and how it can be
+/// hooked by a hook that does `ra` with its return address.
 ///
 /// `data` is the file's contents, as given to `fnscope_symbols::load_bytes`. Besides looking
 /// at each function's first instructions, this decodes all code of the file once to find
-/// direct branches (and `lea` address computations) that land inside another function's
-/// patch.
-pub fn analyze(inv: &Inventory, data: &[u8]) -> Vec<Verdict> {
-    let mut verdicts: Vec<Verdict> = inv
+/// direct branches, `lea` address computations and RIP-relative accesses that land inside
+/// another function's first bytes or in padding, and the padding no code can reach.
+///
+/// The [`HookForm::Entry`] form is preferred; a function that cannot take it gets the
+/// [`HookForm::Padding`] form if the padding right after it allows, else an island in
+/// padding within reach of a `jmp rel8`. Each byte of padding serves one hook.
+pub fn analyze_for(inv: &Inventory, data: &[u8], ra: ReturnAddress) -> Vec<Verdict> {
+    let locals: Vec<Local> = inv
         .functions
         .iter()
-        .map(|f| local_verdict(inv, data, f))
+        .map(|f| local(inv, data, f, ra))
         .collect();
-    mark_branches_into_patches(inv, data, &mut verdicts);
+    let mut module = Module::scan(inv, data, MAX_PATCH_LEN as u64);
+    let mut verdicts = Vec::with_capacity(locals.len());
+    let mut pending = Vec::new();
+    for (i, (f, l)) in inv.functions.iter().zip(&locals).enumerate() {
+        let Local::Open(open) = l else {
+            if let Local::Final(v) = l {
+                verdicts.push(v.clone());
+            }
+            continue;
+        };
+        let v = match &open.entry {
+            Ok(len) => match branch_into(&module, f.address, *len, *len) {
+                None => hookable(*len, HookForm::Entry),
+                Some(detail) => skip(skip_reason::BRANCH_INTO_PATCH, detail),
+            },
+            Err((reason, detail)) => skip(reason, detail.clone()),
+        };
+        if v.hook().is_none() && (open.whole.is_some() || open.short.is_some()) {
+            pending.push(i);
+        }
+        verdicts.push(v);
+    }
+    // Each function's own padding first: an island must not take the bytes right after a
+    // short function, which only that function can use.
+    for &i in &pending {
+        let Local::Open(Open { whole: Some(n), .. }) = locals[i] else {
+            continue;
+        };
+        let f = &inv.functions[i];
+        let end = f.address + n as u64;
+        if branch_into(&module, f.address, JMP_LEN, n).is_none()
+            && module.take_after(end, f.address + JMP_LEN as u64)
+        {
+            verdicts[i] = hookable(n, HookForm::Padding);
+        }
+    }
+    for &i in &pending {
+        let Local::Open(Open { short: Some(n), .. }) = locals[i] else {
+            continue;
+        };
+        if verdicts[i].hook().is_some() {
+            continue;
+        }
+        let f = &inv.functions[i];
+        if branch_into(&module, f.address, SHORT_JMP_LEN, n).is_some() {
+            continue;
+        }
+        // A jmp rel8 reaches -128..=127 bytes from its end.
+        let from = f.address + SHORT_JMP_LEN as u64;
+        let (lo, hi) = (from.saturating_sub(128), from + 127);
+        if let Some(at) = module.take_island(lo, hi, JMP_LEN as u64) {
+            let island_offset = (at as i64 - f.address as i64) as i16;
+            verdicts[i] = hookable(n, HookForm::Island { island_offset });
+        }
+    }
     verdicts
 }
 
-/// The verdict from the function's own first instructions.
-fn local_verdict(inv: &Inventory, data: &[u8], f: &Function) -> Verdict {
+fn hookable(relocate_len: usize, form: HookForm) -> Verdict {
+    Verdict::Hookable(Hook {
+        relocate_len: relocate_len as u8,
+        form,
+    })
+}
+
+/// What a function's own code allows, before the rest of the module is looked at.
+enum Local {
+    /// Not hookable in any form.
+    Final(Verdict),
+    /// Hookable if the rest of the module agrees.
+    Open(Open),
+}
+
+struct Open {
+    /// Bytes to relocate for the entry form, or why that form is impossible.
+    entry: Result<usize, (&'static str, String)>,
+    /// For the padding form: the function's size, when it is shorter than the jump, made of
+    /// relocatable whole instructions and ends with `ret` or `jmp`.
+    whole: Option<usize>,
+    /// For the island form: whole relocatable instructions covering the `jmp rel8`.
+    short: Option<usize>,
+}
+
+/// The verdict from the function's own instructions.
+fn local(inv: &Inventory, data: &[u8], f: &Function, ra: ReturnAddress) -> Local {
     if !f.entry {
         let why = f.not_entry_why.unwrap_or("not a function entry");
-        return skip(skip_reason::NOT_ENTRY, why.to_string());
+        return Local::Final(skip(skip_reason::NOT_ENTRY, why.to_string()));
     }
     if let Some(why) = f.name.as_deref().and_then(denied) {
-        return skip(skip_reason::DENYLIST, why.to_string());
-    }
-    if f.size < JMP_LEN as u64 {
-        return skip(skip_reason::TOO_SHORT, format!("{} bytes", f.size));
+        return Local::Final(skip(skip_reason::DENYLIST, why.to_string()));
     }
     let Some(bytes) = inv.code_bytes(data, f.address) else {
-        return skip(
+        return Local::Final(skip(
             skip_reason::NOT_CODE,
             "not in an executable section of the file".to_string(),
-        );
+        ));
     };
-    let bytes = &bytes[..bytes.len().min(MAX_PATCH_LEN)];
+    if ra == ReturnAddress::Replaced {
+        if let Some(how) = retaddr::use_of_return_address(bytes, f) {
+            return Local::Final(skip(skip_reason::READS_RETURN_ADDRESS, how));
+        }
+    }
+    let head = &bytes[..bytes.len().min(MAX_PATCH_LEN)];
+    let entry = if f.size < JMP_LEN as u64 {
+        Err((skip_reason::TOO_SHORT, format!("{} bytes", f.size)))
+    } else {
+        displace(head, f, JMP_LEN).map(|d| d.len)
+    };
+    if let Err((reason, detail)) = &entry {
+        if *reason == skip_reason::UNDECODABLE {
+            return Local::Final(skip(reason, detail.clone()));
+        }
+    }
+    let whole = (f.size > 0 && f.size < JMP_LEN as u64)
+        .then(|| displace(head, f, f.size as usize).ok())
+        .flatten()
+        .filter(|d| d.ends_with_terminator)
+        .map(|d| d.len);
+    let short = displace(head, f, SHORT_JMP_LEN).ok().map(|d| d.len);
+    Local::Open(Open {
+        entry,
+        whole,
+        short,
+    })
+}
+
+/// Whole instructions from a function's entry that can move to a trampoline.
+struct Displaced {
+    len: usize,
+    ends_with_terminator: bool,
+}
+
+/// The first whole instructions of `f` (whose bytes start `bytes`) covering at least
+/// `min_len` bytes, if they lie within the function and can run elsewhere unchanged in effect.
+fn displace(
+    bytes: &[u8],
+    f: &Function,
+    min_len: usize,
+) -> Result<Displaced, (&'static str, String)> {
     let mut decoder = Decoder::with_ip(64, bytes, f.address, DecoderOptions::NONE);
     let mut instr = Instruction::default();
     let mut covered = 0usize;
-    let mut boundaries = [0u64; JMP_LEN];
-    let mut count = 0;
-    let mut branch_targets = [(0u64, 0usize); JMP_LEN];
-    let mut nbranch = 0;
-    while covered < JMP_LEN {
+    let mut boundaries = Vec::with_capacity(JMP_LEN);
+    let mut branch_targets = Vec::new();
+    while covered < min_len {
         if !decoder.can_decode() {
-            return skip(
+            return Err((
                 skip_reason::TOO_SHORT,
                 format!("code ends {covered} bytes into the function"),
-            );
+            ));
         }
         decoder.decode_out(&mut instr);
         if instr.is_invalid() {
-            return skip(
+            return Err((
                 skip_reason::UNDECODABLE,
                 format!("invalid instruction at +{covered}"),
-            );
+            ));
         }
         let offset = covered;
         covered += instr.len();
-        boundaries[count] = instr.ip();
-        count += 1;
+        boundaries.push(instr.ip());
         if covered as u64 > f.size {
-            return skip(
+            return Err((
                 skip_reason::TOO_SHORT,
                 format!(
                     "the first whole instructions take {covered} bytes, the function only {}",
                     f.size
                 ),
-            );
+            ));
         }
         match instr.flow_control() {
             // relocate() turns a call that ends the patch into push + jmp, so that it returns
             // to the original code; any other call would return into the trampoline.
             FlowControl::Call | FlowControl::IndirectCall
-                if is_call(&instr) && (covered < JMP_LEN || !call_is_movable(&instr)) =>
+                if is_call(&instr) && (covered < min_len || !call_is_movable(&instr)) =>
             {
-                return skip(
+                return Err((
                     skip_reason::CALL_IN_PATCH,
                     format!("{} at +{offset}", mnemonic(&instr)),
-                );
+                ));
             }
             _ => {}
         }
         if is_near_branch(&instr) {
-            branch_targets[nbranch] = (instr.near_branch_target(), offset);
-            nbranch += 1;
+            branch_targets.push((instr.near_branch_target(), offset));
         }
     }
     let end = f.address + covered as u64;
     if let Some(offset) = rip_relative_into(bytes, f.address, end) {
-        return skip(
+        return Err((
             skip_reason::UNRELOCATABLE,
             format!("RIP-relative operand at +{offset} refers to the patch itself"),
-        );
+        ));
     }
     // A branch within the displaced bytes is re-targeted to the relocated copy only if it lands
     // on one of the relocated instructions; anywhere else inside would run overwritten bytes.
-    for &(t, offset) in &branch_targets[..nbranch] {
-        if t > f.address && t < end && !boundaries[..count].contains(&t) {
-            return skip(
+    for &(t, offset) in &branch_targets {
+        if t > f.address && t < end && !boundaries.contains(&t) {
+            return Err((
                 skip_reason::UNRELOCATABLE,
                 format!(
                     "branch at +{offset} into the middle of an instruction at +{}",
                     t - f.address
                 ),
-            );
+            ));
         }
     }
-    let patch = &bytes[..covered];
-    if let Err(e) = relocate(patch, f.address, f.address) {
-        return skip(skip_reason::UNRELOCATABLE, e.to_string());
+    if let Err(e) = relocate(&bytes[..covered], f.address, f.address) {
+        return Err((skip_reason::UNRELOCATABLE, e.to_string()));
     }
-    Verdict::Hookable {
-        patch_len: covered as u8,
-    }
+    Ok(Displaced {
+        len: covered,
+        ends_with_terminator: is_terminator(&instr),
+    })
+}
+
+/// Why a hook overwriting `overwritten` bytes at `start` and relocating the first `moved`
+/// would break: a direct branch or a `lea` from elsewhere lands strictly inside the
+/// overwritten bytes. (Branches from the relocated instructions move with them.)
+fn branch_into(module: &Module, start: u64, overwritten: usize, moved: usize) -> Option<String> {
+    let moved_end = start + moved as u64;
+    module
+        .refs_into(start + 1, start + overwritten as u64)
+        .iter()
+        .find(|r| r.kind != RefKind::Memory && !(r.source >= start && r.source < moved_end))
+        .map(|r| {
+            let what = if r.kind == RefKind::Lea {
+                "address taken by lea"
+            } else {
+                "branch"
+            };
+            format!("{what} from {:#x} into +{}", r.source, r.target - start)
+        })
 }
 
 /// Offset of the first instruction in `[start, end)` that accesses memory inside
@@ -262,100 +529,6 @@ fn call_is_movable(instr: &Instruction) -> bool {
 
 fn mnemonic(instr: &Instruction) -> String {
     format!("{:?}", instr.mnemonic()).to_lowercase()
-}
-
-fn is_near_branch(instr: &Instruction) -> bool {
-    matches!(
-        instr.op0_kind(),
-        OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
-    )
-}
-
-/// Decodes all code once and turns hookable functions into `BRANCH_INTO_PATCH` when a direct
-/// branch, or a `lea` of a code address, lands strictly inside their patch.
-///
-/// The sweep is linear within each executable section and resynchronises at every function
-/// start and one byte after undecodable bytes, so data or padding between functions cannot
-/// hide the instructions that follow.
-fn mark_branches_into_patches(inv: &Inventory, data: &[u8], verdicts: &mut [Verdict]) {
-    // (start, end of patch, index) of hookable functions, sorted by start.
-    let patches: Vec<(u64, u64, usize)> = inv
-        .functions
-        .iter()
-        .zip(verdicts.iter())
-        .enumerate()
-        .filter_map(|(i, (f, v))| v.patch_len().map(|p| (f.address, f.address + p as u64, i)))
-        .collect();
-    if patches.is_empty() {
-        return;
-    }
-    let starts: Vec<u64> = inv.functions.iter().map(|f| f.address).collect();
-    let mut hits: Vec<(usize, u64, u64, bool)> = Vec::new();
-    let mut instr = Instruction::default();
-    for range in &inv.code {
-        let Some(bytes) = inv.code_bytes(data, range.address) else {
-            continue;
-        };
-        let base = range.address;
-        let end = base + bytes.len() as u64;
-        let mut decoder = Decoder::with_ip(64, bytes, base, DecoderOptions::NONE);
-        let mut k = starts.partition_point(|&s| s < base);
-        while decoder.can_decode() {
-            let ip = decoder.ip();
-            if k < starts.len() && starts[k] <= ip {
-                let s = starts[k];
-                k += 1;
-                if s < ip && s < end {
-                    // The previous instruction ran over a function start: decode from there.
-                    reposition(&mut decoder, base, s);
-                    continue;
-                }
-            }
-            decoder.decode_out(&mut instr);
-            if instr.is_invalid() {
-                reposition(&mut decoder, base, ip + 1);
-                continue;
-            }
-            let (target, is_lea) = if is_near_branch(&instr) {
-                (instr.near_branch_target(), false)
-            } else if instr.mnemonic() == Mnemonic::Lea && instr.is_ip_rel_memory_operand() {
-                (instr.ip_rel_memory_address(), true)
-            } else {
-                continue;
-            };
-            let j = patches.partition_point(|p| p.0 < target);
-            if j == 0 {
-                continue;
-            }
-            let (fstart, pend, idx) = patches[j - 1];
-            // Branches from inside the patch itself move with it (see `local_verdict`).
-            if target < pend && !(ip >= fstart && ip < pend) {
-                hits.push((idx, ip, target - fstart, is_lea));
-            }
-        }
-    }
-    for (idx, src, into, is_lea) in hits {
-        if verdicts[idx].patch_len().is_some() {
-            let what = if is_lea {
-                "address taken by lea"
-            } else {
-                "branch"
-            };
-            verdicts[idx] = skip(
-                skip_reason::BRANCH_INTO_PATCH,
-                format!("{what} from {src:#x} into +{into}"),
-            );
-        }
-    }
-}
-
-fn reposition(decoder: &mut Decoder<'_>, base: u64, ip: u64) {
-    // Positions come from addresses inside the decoder's own slice, so this cannot fail; if it
-    // did, the decoder would simply stop at its end.
-    if decoder.set_position((ip - base) as usize).is_err() {
-        let _ = decoder.set_position(0);
-    }
-    decoder.set_ip(ip);
 }
 
 /// Why [`relocate`] failed.
@@ -407,7 +580,8 @@ pub enum RelocError {
 const RET_SLOT_IP: u64 = u64::MAX - 7;
 
 /// Re-encodes the whole instructions in `code` (found at `orig_addr`) to run at `new_addr`,
-/// followed by a jump back to `orig_addr + code.len()`.
+/// followed by a jump back to `orig_addr + code.len()` unless the last one is a `ret` or
+/// `jmp`.
 ///
 /// RIP-relative operands and relative branches keep their absolute targets; a branch to one
 /// of the relocated instructions goes to its copy. A call, allowed only as the last
@@ -488,7 +662,7 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
         instrs[i] = push;
         instrs.push(jmp);
         instrs.push(slot);
-    } else {
+    } else if !instrs.last().is_some_and(is_terminator) {
         let mut jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(encode_err)?;
         // Not `back`: the encoder would take the jump for a branch target at that IP and
         // aim it at itself.

@@ -1,0 +1,244 @@
+//! The module-wide view: which code addresses are referenced (branch targets, `lea` of code
+//! addresses, RIP-relative data accesses), and which bytes are padding that no code can reach.
+//!
+//! A byte is free padding when it lies in a run that
+//! - belongs to no symbol and no FDE ([`fnscope_symbols::Inventory::claims`]),
+//! - starts right after an unconditional `ret`/`jmp` that ends claimed code, so that nothing
+//!   falls through into it,
+//! - holds only `nop` (any length) and `int3` instructions: what assemblers and linkers put
+//!   between functions (gas aligns with multi-byte nops, lld fills with `int3`). Zero bytes are
+//!   not taken: in code they are as likely data (a table, a constant) as filler,
+//! - and ends before the first byte any instruction of the module refers to.
+
+use fnscope_symbols::Inventory;
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+
+/// How an instruction refers to an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefKind {
+    /// A direct branch or call lands there.
+    Branch,
+    /// A `lea` computes the address (a code pointer about to be called or compared).
+    Lea,
+    /// A RIP-relative memory operand reads or writes there.
+    Memory,
+}
+
+/// One reference of an instruction to an address.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ref {
+    pub target: u64,
+    pub source: u64,
+    pub kind: RefKind,
+}
+
+/// A run of free padding, and how much of it has been handed out (from its start).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    start: u64,
+    end: u64,
+    next_free: u64,
+}
+
+/// References into the first bytes of functions and into unclaimed bytes, and the free
+/// padding runs.
+pub(crate) struct Module {
+    /// Sorted by target.
+    refs: Vec<Ref>,
+    /// Sorted by start, disjoint.
+    runs: Vec<Run>,
+}
+
+impl Module {
+    /// Decodes all code of `inv` once. References are kept when they land within
+    /// `near_start` bytes of a function start or outside every claim.
+    pub(crate) fn scan(inv: &Inventory, data: &[u8], near_start: u64) -> Module {
+        let owned = coalesce(&inv.claims);
+        let is_owned = |a: u64| {
+            let i = owned.partition_point(|r| r.0 <= a);
+            i > 0 && a < owned[i - 1].1
+        };
+        // Ends of claimed code followed by unclaimed bytes of the same section.
+        let gap_starts: Vec<u64> = owned
+            .iter()
+            .map(|r| r.1)
+            .filter(|&e| inv.code_range(e).is_some_and(|c| c.contains(e - 1)) && !is_owned(e))
+            .collect();
+        let mut after_terminator = vec![false; gap_starts.len()];
+        let starts: Vec<u64> = inv.functions.iter().map(|f| f.address).collect();
+        let interesting = |t: u64| {
+            let j = starts.partition_point(|&s| s <= t);
+            (j > 0 && t - starts[j - 1] < near_start) || !is_owned(t)
+        };
+        let mut refs = Vec::new();
+        let mut instr = Instruction::default();
+        for range in &inv.code {
+            let Some(bytes) = inv.code_bytes(data, range.address) else {
+                continue;
+            };
+            let base = range.address;
+            let end = base + bytes.len() as u64;
+            let mut decoder = Decoder::with_ip(64, bytes, base, DecoderOptions::NONE);
+            let mut k = starts.partition_point(|&s| s < base);
+            let mut g = gap_starts.partition_point(|&s| s <= base);
+            while decoder.can_decode() {
+                let ip = decoder.ip();
+                if k < starts.len() && starts[k] <= ip {
+                    let s = starts[k];
+                    k += 1;
+                    if s < ip && s < end {
+                        // The previous instruction ran over a function start: decode from there.
+                        reposition(&mut decoder, base, s);
+                        g = gap_starts.partition_point(|&x| x <= s);
+                        continue;
+                    }
+                }
+                decoder.decode_out(&mut instr);
+                if instr.is_invalid() {
+                    reposition(&mut decoder, base, ip + 1);
+                    continue;
+                }
+                let next = instr.next_ip();
+                while g < gap_starts.len() && gap_starts[g] <= next {
+                    if gap_starts[g] == next {
+                        after_terminator[g] = is_terminator(&instr);
+                    }
+                    g += 1;
+                }
+                let (target, kind) = if is_near_branch(&instr) {
+                    (instr.near_branch_target(), RefKind::Branch)
+                } else if instr.is_ip_rel_memory_operand() {
+                    let kind = if instr.mnemonic() == Mnemonic::Lea {
+                        RefKind::Lea
+                    } else {
+                        RefKind::Memory
+                    };
+                    (instr.ip_rel_memory_address(), kind)
+                } else {
+                    continue;
+                };
+                if interesting(target) {
+                    refs.push(Ref {
+                        target,
+                        source: ip,
+                        kind,
+                    });
+                }
+            }
+        }
+        refs.sort_unstable_by_key(|r| (r.target, r.source));
+        let mut runs = Vec::new();
+        for (&start, _) in gap_starts
+            .iter()
+            .zip(&after_terminator)
+            .filter(|(_, &t)| t)
+        {
+            let limit = owned
+                .get(owned.partition_point(|r| r.0 <= start))
+                .map_or(u64::MAX, |r| r.0);
+            let first_ref = refs
+                .get(refs.partition_point(|r| r.target < start))
+                .map_or(u64::MAX, |r| r.target);
+            let end = padding_end(inv, data, start, limit.min(first_ref));
+            if end > start {
+                runs.push(Run {
+                    start,
+                    end,
+                    next_free: start,
+                });
+            }
+        }
+        Module { refs, runs }
+    }
+
+    /// References that land in `[from, to)`.
+    pub(crate) fn refs_into(&self, from: u64, to: u64) -> &[Ref] {
+        let a = self.refs.partition_point(|r| r.target < from);
+        let b = self.refs.partition_point(|r| r.target < to);
+        &self.refs[a..b]
+    }
+
+    /// Takes the padding from `at` (the start of a run) up to `to`, if the run reaches it and
+    /// none of it is taken yet.
+    pub(crate) fn take_after(&mut self, at: u64, to: u64) -> bool {
+        let Ok(i) = self.runs.binary_search_by_key(&at, |r| r.start) else {
+            return false;
+        };
+        let run = &mut self.runs[i];
+        if run.next_free != run.start || run.end < to {
+            return false;
+        }
+        run.next_free = to;
+        true
+    }
+
+    /// Takes `len` free bytes whose start lies in `[lo, hi]`, and returns that start.
+    pub(crate) fn take_island(&mut self, lo: u64, hi: u64, len: u64) -> Option<u64> {
+        let from = self.runs.partition_point(|r| r.end < lo.saturating_add(len));
+        for run in &mut self.runs[from..] {
+            if run.start > hi {
+                break;
+            }
+            let at = run.next_free.max(lo);
+            if at <= hi && at + len <= run.end {
+                run.next_free = at + len;
+                return Some(at);
+            }
+        }
+        None
+    }
+}
+
+/// End of the `nop`/`int3` instructions from `start`, at most `limit`.
+fn padding_end(inv: &Inventory, data: &[u8], start: u64, limit: u64) -> u64 {
+    let Some(bytes) = inv.code_bytes(data, start) else {
+        return start;
+    };
+    let mut decoder = Decoder::with_ip(64, bytes, start, DecoderOptions::NONE);
+    let mut instr = Instruction::default();
+    let mut end = start;
+    while end < limit && decoder.can_decode() {
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() || !matches!(instr.mnemonic(), Mnemonic::Nop | Mnemonic::Int3) {
+            break;
+        }
+        end = instr.next_ip().min(limit);
+    }
+    end
+}
+
+/// A `ret` or `jmp`: the next byte is not reached from here.
+pub(crate) fn is_terminator(instr: &Instruction) -> bool {
+    matches!(
+        instr.flow_control(),
+        FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+    )
+}
+
+pub(crate) fn is_near_branch(instr: &Instruction) -> bool {
+    matches!(
+        instr.op0_kind(),
+        OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
+    )
+}
+
+/// The union of `claims` (sorted by start) as disjoint sorted ranges.
+fn coalesce(claims: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(claims.len());
+    for &(a, b) in claims {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+fn reposition(decoder: &mut Decoder<'_>, base: u64, ip: u64) {
+    // Positions come from addresses inside the decoder's own slice, so this cannot fail; if it
+    // did, the decoder would simply stop at its end.
+    if decoder.set_position((ip - base) as usize).is_err() {
+        let _ = decoder.set_position(0);
+    }
+    decoder.set_ip(ip);
+}
