@@ -250,11 +250,11 @@ fn write_sorted(patches: &[Patch], maps: &[Mapping]) -> Vec<(Patch, String)> {
             // or in padding it found free (no symbol, FDE or reference, after a ret or jmp).
             unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.jump.address as *mut u8, bytes.len()) };
         }
-        for k in m..=m_end {
-            let lo = first.max(maps[k].lo);
-            let hi = last.min(maps[k].hi);
+        for map in &maps[m..=m_end] {
+            let lo = first.max(map.lo);
+            let hi = last.min(map.hi);
             // Best effort: the code is patched either way, only left writable if this fails.
-            let _ = set_prot(lo, (hi - lo) as usize, maps[k].prot);
+            let _ = set_prot(lo, (hi - lo) as usize, map.prot);
         }
         i = j + 1;
     }
