@@ -77,30 +77,20 @@ struct Settings {
 unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
     use std::os::unix::ffi::OsStrExt;
     let mut vars: HashMap<&[u8], &[u8]> = HashMap::new();
+    // What a program started by this one needs to be traced too (see `exec`).
+    let mut inherit: Vec<Vec<u8>> = Vec::new();
     let mut p = envp;
     // SAFETY: per the caller's guarantee; each entry is a NUL-terminated string.
     unsafe {
-        while !p.is_null() && !(*p).is_null() {
-            let kv = std::ffi::CStr::from_ptr(*p).to_bytes();
-            if kv.starts_with(b"FNSCOPE_") {
-                if let Some(eq) = kv.iter().position(|&b| b == b'=') {
-                    vars.insert(&kv[..eq], &kv[eq + 1..]);
-                }
-            }
-            p = p.add(1);
-        }
-    }
-    // What a program started by this one needs to be traced too (see `exec`).
-    let mut inherit: Vec<Vec<u8>> = Vec::new();
-    // SAFETY: as above.
-    unsafe {
-        let mut p = envp;
         while !p.is_null() && !(*p).is_null() {
             let kv = std::ffi::CStr::from_ptr(*p).to_bytes();
             if kv.starts_with(b"LD_PRELOAD=") {
                 inherit.insert(0, kv.to_vec());
             } else if kv.starts_with(b"FNSCOPE_") {
                 inherit.push(kv.to_vec());
+                if let Some(eq) = kv.iter().position(|&b| b == b'=') {
+                    vars.insert(&kv[..eq], &kv[eq + 1..]);
+                }
             }
             p = p.add(1);
         }

@@ -361,3 +361,57 @@ fn python_ctypes_with_libffi_hooked() {
     // libffi's ffi_call_unix64 returns from another stack pointer than it was entered with.
     python_tests_pass_traced("py-ffi", &["--lib", "libffi"], &["test_ctypes"]);
 }
+
+#[test]
+fn java_with_libjvm() {
+    // HotSpot walks its own native stacks and crashed (frame::sender) on return addresses
+    // changed by timing mode: libjvm is refused there, with the reason and the alternative,
+    // and count mode counts its calls.
+    let (Some(java), Some(javac)) = (require(find_in_path("java"), "java"), require(find_in_path("javac"), "javac")) else {
+        return;
+    };
+    let dir = TempDir::new("java");
+    fs::write(
+        dir.join("Hello.java"),
+        "public class Hello {\n\
+           static long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\n\
+           public static void main(String[] a) throws Exception {\n\
+             Thread t = new Thread(() -> System.out.println(\"thread \" + fib(20)));\n\
+             t.start(); t.join();\n\
+             System.out.println(\"fib \" + fib(25));\n\
+           }\n\
+         }\n",
+    )
+    .unwrap();
+    let built = std::process::Command::new(&javac).arg("Hello.java").current_dir(dir.path()).status().expect("javac");
+    assert!(built.success(), "javac failed");
+    for mode in ["time", "count"] {
+        let inv = quiet_env(Invocation::new(&java, dir.path()), dir.path())
+            .args(&["-cp", ".", "Hello"])
+            .record_args(&["--lib", "libjvm", "--mode", mode]);
+        let native = inv.run_native();
+        assert_eq!(native.stdout, "thread 6765\nfib 75025\n", "{}", native.describe());
+        let trace = dir.join(format!("trace-{mode}"));
+        let traced = inv.run_recorded(&trace);
+        let problems = compare_runs(&native, &traced);
+        assert!(problems.is_empty(), "{mode} mode: {problems:?}\n{}", traced.describe());
+        if mode == "time" {
+            assert!(
+                traced.stderr.contains("not hooking") && traced.stderr.contains("--mode count"),
+                "timing mode must say why libjvm is not hooked\n{}",
+                traced.describe()
+            );
+        } else {
+            let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
+            let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}\n{}", r.describe()));
+            let counted: u64 = json
+                .as_array()
+                .expect("a JSON array")
+                .iter()
+                .filter(|f| f["module"] == "libjvm.so")
+                .map(|f| f["calls"].as_u64().unwrap_or(0))
+                .sum();
+            assert!(counted > 0, "no libjvm calls counted\n{}", info(&trace));
+        }
+    }
+}
