@@ -1,7 +1,8 @@
 /*
  * The program kills itself with SIGKILL after making known calls. Nothing can run after
  * SIGKILL - no handler, no atexit, no flush in the agent - so every completed call must
- * already be somewhere the recorder can read it. `record` exits with 137, and `info` must say
+ * already be somewhere the recorder can read it, and so must the calls still running (die,
+ * main), which the recorder closes as cut off. `record` exits with 137, and `info` must say
  * that the trace ended abruptly.
  */
 #include <signal.h>
@@ -24,11 +25,12 @@ NOINLINE long also_before_kill(long x)
     return x ^ (x << 3);
 }
 
-/* Not counted: still running when the process dies. */
+/* Still running when the process dies: entered once. */
 NOINLINE void die(void)
 {
     PRINT_COUNT(before_kill);
     PRINT_COUNT(also_before_kill);
+    print_count("count", "die", 1);
     kill(getpid(), SIGKILL);
     before_kill(0); /* never reached; keeps kill() from being a tail call */
 }

@@ -29,7 +29,7 @@ pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 /// Version of the shared-region layout; the agent refuses a region of another version.
-pub const REGION_VERSION: u32 = 2;
+pub const REGION_VERSION: u32 = 3;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
 /// Default chunk size (header included).
@@ -62,6 +62,55 @@ pub struct RegionHeader {
     /// Returns that matched no shadow-stack entry and were resolved by taking the newest one
     /// (code that moves its own return address; see the agent's `fnscope_exit_mismatch`).
     pub unmatched_returns: u64,
+    /// Number of shadow-stack slots after the chunks (see [`stack_slot_offset`]).
+    pub stack_slots: u32,
+}
+
+/// Bytes of one shadow-stack slot: a [`SlotHead`] and the thread's state in the first page,
+/// then [`SHADOW_ENTRIES`] entries of 32 bytes.
+///
+/// Threads keep their shadow stacks here, in the shared region, so that the recorder can
+/// close the calls of a process that died without closing them itself (SIGKILL, a crash):
+/// they are recorded as cut off. A thread that finds no free slot uses private memory.
+pub const STACK_SLOT_SIZE: usize = 4096 + SHADOW_ENTRIES * 32;
+/// Shadow-stack entries per thread: calls nested deeper than this are not recorded.
+pub const SHADOW_ENTRIES: usize = 1 << 16;
+/// Slots a recorder makes by default: threads alive at once with recoverable shadow stacks.
+pub const DEFAULT_STACK_SLOTS: u32 = 256;
+/// Offset of the thread's state (the agent's `ThreadState`) in a slot.
+pub const SLOT_STATE_OFFSET: usize = 128;
+/// Offsets of the state fields the recorder reads: next free entry and first entry (both as
+/// addresses in the agent's process), sequence number of the thread's next chunk.
+pub const STATE_SS_TOP: usize = 0;
+/// See [`STATE_SS_TOP`].
+pub const STATE_SS_BASE: usize = 32;
+/// See [`STATE_SS_TOP`].
+pub const STATE_SEQ: usize = 64;
+
+/// `SlotHead::state`: nobody uses the slot.
+pub const SLOT_FREE: u32 = 0;
+/// `SlotHead::state`: a thread of a live process owns it.
+pub const SLOT_OWNED: u32 = 1;
+
+/// First bytes of a shadow-stack slot.
+#[repr(C)]
+pub struct SlotHead {
+    /// `SLOT_FREE` or `SLOT_OWNED`; accessed atomically.
+    pub state: u32,
+    /// Non-zero when the open calls were recorded already (thread or process end, exec):
+    /// the recorder must not record them again.
+    pub closed: u32,
+    /// Image session id, process and thread of the owner.
+    pub image_sid: u32,
+    /// See `image_sid`.
+    pub pid: u32,
+    /// See `image_sid`.
+    pub tid: u32,
+}
+
+/// Byte offset of shadow-stack slot `i` in a region of `nchunks` chunks.
+pub const fn stack_slot_offset(chunk_size: u32, nchunks: u32, i: u32) -> usize {
+    chunk_offset(chunk_size, nchunks) + i as usize * STACK_SLOT_SIZE
 }
 
 /// `ChunkHeader::state`: nobody uses the chunk; it is zeroed.
@@ -127,6 +176,9 @@ pub const RECORD_SIZE: usize = 24;
 /// `Record` flag: the call did not return normally; `t_exit` is when the agent noticed it
 /// was gone (longjmp, exception, exit while the call was open).
 pub const REC_FLAG_UNWOUND: u32 = 1;
+/// `Record` flag (with `REC_FLAG_UNWOUND`): the process died with the call open (SIGKILL, a
+/// crash); the recorder closed it when it found the process gone, at `t_exit`.
+pub const REC_FLAG_CUT: u32 = 2;
 
 impl Record {
     /// Builds a record.
@@ -167,8 +219,8 @@ pub const fn records_per_chunk(chunk_size: u32) -> usize {
 }
 
 /// Total size of a region.
-pub const fn region_size(chunk_size: u32, nchunks: u32) -> usize {
-    chunk_offset(chunk_size, nchunks)
+pub const fn region_size(chunk_size: u32, nchunks: u32, stack_slots: u32) -> usize {
+    stack_slot_offset(chunk_size, nchunks, stack_slots)
 }
 
 /// Image tables: `DIR/images/<sid>.txt`, written by the agent once per process image.

@@ -45,12 +45,12 @@ pub fn attach(path: &str) -> Result<u32, String> {
     }
     let hdr = p as *mut RegionHeader;
     // SAFETY: the mapping is at least one header long (checked above) and page aligned.
-    let (magic, version, chunk_size, nchunks) =
-        unsafe { ((*hdr).magic, (*hdr).version, (*hdr).chunk_size, (*hdr).nchunks) };
+    let (magic, version, chunk_size, nchunks, slots) =
+        unsafe { ((*hdr).magic, (*hdr).version, (*hdr).chunk_size, (*hdr).nchunks, (*hdr).stack_slots) };
     if magic != REGION_MAGIC || version != REGION_VERSION {
         return Err(format!("{path} is not an fnscope region of version {REGION_VERSION}: agent and recorder differ"));
     }
-    if fnscope_abi::region_size(chunk_size, nchunks) > len {
+    if fnscope_abi::region_size(chunk_size, nchunks, slots) > len {
         return Err(format!("shared region {path} is shorter than its header says"));
     }
     // SAFETY: `next_image_sid` is a naturally aligned u32 inside the mapping, shared with other
@@ -64,8 +64,98 @@ pub fn attach(path: &str) -> Result<u32, String> {
     PATH.store(leaked.as_ptr() as u64, Ordering::Relaxed);
     PATH_LEN.store(leaked.len() as u64, Ordering::Relaxed);
     IMAGE_SID.store(sid, Ordering::Relaxed);
+    STACK_SLOTS.store(slots, Ordering::Relaxed);
     BASE.store(p as u64, Ordering::Release);
+    // A forked child must not share its parent's shadow stacks: it gets the slots mapped
+    // anew (see `remap_stacks`) and takes one of its own.
+    if slots > 0 {
+        let (lo, hi) = stacks_range();
+        // SAFETY: advice on a range of our own mapping; it changes only what fork copies.
+        unsafe { sys::syscall6(28, lo as usize, (hi - lo) as usize, 10, 0, 0, 0) }; // madvise(MADV_DONTFORK)
+    }
     Ok(sid)
+}
+
+static STACK_SLOTS: AtomicU32 = AtomicU32::new(0);
+
+/// Address range of the shadow-stack slots in this process.
+fn stacks_range() -> (u64, u64) {
+    let (cs, n) = (CHUNK_SIZE.load(Ordering::Relaxed), NCHUNKS.load(Ordering::Relaxed));
+    let base = BASE.load(Ordering::Acquire);
+    let slots = STACK_SLOTS.load(Ordering::Relaxed);
+    (base + fnscope_abi::stack_slot_offset(cs, n, 0) as u64, base + fnscope_abi::stack_slot_offset(cs, n, slots) as u64)
+}
+
+fn slot_head(i: u32) -> *mut fnscope_abi::SlotHead {
+    (stacks_range().0 + i as u64 * fnscope_abi::STACK_SLOT_SIZE as u64) as *mut fnscope_abi::SlotHead
+}
+
+/// Takes a free shadow-stack slot for thread `tid`; returns its address, or null when none is
+/// free (the thread then uses private memory). Slow path: atomics and no allocation.
+pub fn claim_slot(pid: u32, tid: u32) -> *mut u8 {
+    if !attached() {
+        return core::ptr::null_mut();
+    }
+    for i in 0..STACK_SLOTS.load(Ordering::Relaxed) {
+        let h = slot_head(i);
+        // SAFETY: the state word of a slot header inside the mapping.
+        let state = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*h).state)) };
+        if state.compare_exchange(fnscope_abi::SLOT_FREE, fnscope_abi::SLOT_OWNED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            // SAFETY: the slot is ours now.
+            unsafe {
+                (*h).closed = 0;
+                (*h).image_sid = image_sid();
+                (*h).pid = pid;
+                (*h).tid = tid;
+            }
+            return h as *mut u8;
+        }
+    }
+    core::ptr::null_mut()
+}
+
+/// Marks the open calls of a slot as recorded (or not, when an exec they were recorded for
+/// failed).
+///
+/// # Safety
+/// `slot` must be a slot this thread claimed.
+pub unsafe fn set_closed(slot: *mut u8, closed: bool) {
+    // SAFETY: per the caller's guarantee.
+    unsafe { core::ptr::write_volatile(core::ptr::addr_of_mut!((*(slot as *mut fnscope_abi::SlotHead)).closed), closed as u32) };
+}
+
+/// Gives a slot back.
+///
+/// # Safety
+/// `slot` must be a slot this thread claimed and no longer uses.
+pub unsafe fn release_slot(slot: *mut u8) {
+    // SAFETY: per the caller's guarantee; the release store publishes the header's fields.
+    unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*(slot as *mut fnscope_abi::SlotHead)).state)) }
+        .store(fnscope_abi::SLOT_FREE, Ordering::Release);
+}
+
+/// In a forked child: the slots were not inherited (MADV_DONTFORK); map them again, at the
+/// same address, so that this process can take one. Raw system calls only.
+pub fn remap_stacks() -> bool {
+    if !attached() || STACK_SLOTS.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let (lo, hi) = stacks_range();
+    let (p, n) = (PATH.load(Ordering::Relaxed), PATH_LEN.load(Ordering::Relaxed));
+    // SAFETY: PATH/PATH_LEN describe the string leaked in `attach`.
+    let path = unsafe { core::str::from_utf8_unchecked(core::slice::from_raw_parts(p as *const u8, n as usize)) };
+    let Ok(fd) = sys::open_rw(std::path::Path::new(path)) else { return false };
+    let offset = lo - BASE.load(Ordering::Acquire);
+    // SAFETY: maps the region file's slot range over the hole fork left at the same address
+    // (MAP_FIXED: nothing else can be there, the range was ours before the fork).
+    let r = unsafe { sys::syscall6(9, lo as usize, (hi - lo) as usize, 3, 0x01 | 0x10, fd, offset as usize) };
+    sys::close(fd);
+    if r as u64 != lo {
+        return false;
+    }
+    // SAFETY: as in `attach`.
+    unsafe { sys::syscall6(28, lo as usize, (hi - lo) as usize, 10, 0, 0, 0) };
+    true
 }
 
 /// Takes a new image session id for this process (a forked child about to extend the image
@@ -240,9 +330,26 @@ pub fn add_lost(n: u64) {
 }
 
 /// Publishes chunks that an earlier image of this process (before `exec`) still owned: their
-/// threads are gone and will never publish them. Start-up only.
+/// threads are gone and will never publish them. Start-up only. Shadow-stack slots of the
+/// earlier image whose calls were recorded (the thread that called `exec`) are freed; the
+/// others stay for the recorder, which closes their calls when the process ends.
 pub fn abandon_previous_images(pid: u32) {
     let me = image_sid();
+    for i in 0..STACK_SLOTS.load(Ordering::Relaxed) {
+        let h = slot_head(i);
+        // SAFETY: a slot header inside the mapping; an owned slot of this pid under another
+        // image belongs to threads that exec ended, which write nothing any more.
+        unsafe {
+            let state = AtomicU32::from_ptr(core::ptr::addr_of_mut!((*h).state));
+            if state.load(Ordering::Acquire) == fnscope_abi::SLOT_OWNED
+                && (*h).pid == pid
+                && (*h).image_sid != me
+                && core::ptr::read_volatile(core::ptr::addr_of!((*h).closed)) != 0
+            {
+                state.store(fnscope_abi::SLOT_FREE, Ordering::Release);
+            }
+        }
+    }
     let cap = capacity();
     for i in 0..NCHUNKS.load(Ordering::Relaxed) {
         let c = chunk(i);

@@ -276,3 +276,17 @@ pub fn is_mapped(addr: u64) -> bool {
     let r = unsafe { syscall6(SYS_MINCORE, (addr & !4095) as usize, 4096, &mut vec as *mut u8 as usize, 0, 0, 0) };
     r != -ENOMEM
 }
+
+/// Opens a file read-write; returns the descriptor.
+pub fn open_rw(path: &std::path::Path) -> Result<usize, Errno> {
+    const O_RDWR: usize = 2;
+    let p = c_path(path);
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    check(unsafe { syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_RDWR | O_CLOEXEC, 0, 0, 0) })
+}
+
+/// Closes a descriptor (best effort).
+pub fn close(fd: usize) {
+    // SAFETY: closing a descriptor of our own.
+    unsafe { syscall6(SYS_CLOSE, fd, 0, 0, 0, 0, 0) };
+}

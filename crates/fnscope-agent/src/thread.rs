@@ -56,6 +56,10 @@ pub struct ThreadState {
     /// exception thrown and caught inside a destructor during unwinding must not re-arm the
     /// frames the outer one is still unwinding.
     pub inflight: [u64; MAX_INFLIGHT],
+    /// The shadow-stack slot of the shared region this state lives in (0: private memory).
+    pub slot: u64,
+    /// While the thread forks: the slot whose state this private copy stands in for.
+    pub fork_slot: u64,
 }
 
 /// Entries removed as gone that a thread remembers.
@@ -86,11 +90,15 @@ const _: () = {
     assert!(offset_of!(ThreadState, buf_end) == 24);
     assert!(offset_of!(ThreadState, ss_base) == 32);
     assert!(core::mem::size_of::<ShadowEntry>() == 32);
-    assert!(core::mem::size_of::<ThreadState>() <= 4096);
+    assert!(offset_of!(ThreadState, ss_top) == fnscope_abi::STATE_SS_TOP);
+    assert!(offset_of!(ThreadState, ss_base) == fnscope_abi::STATE_SS_BASE);
+    assert!(offset_of!(ThreadState, seq) == fnscope_abi::STATE_SEQ);
+    assert!(fnscope_abi::SLOT_STATE_OFFSET + core::mem::size_of::<ThreadState>() <= 4096 - 8);
+    assert!(fnscope_abi::STACK_SLOT_SIZE == 4096 + SHADOW_BYTES);
 };
 
 /// Shadow-stack entries per thread: calls nested deeper than this are not recorded.
-pub const SHADOW_ENTRIES: usize = 1 << 16;
+pub const SHADOW_ENTRIES: usize = fnscope_abi::SHADOW_ENTRIES;
 const SHADOW_BYTES: usize = SHADOW_ENTRIES * core::mem::size_of::<ShadowEntry>();
 
 struct Disabled(core::cell::UnsafeCell<ThreadState>);
@@ -122,6 +130,8 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     graveyard: [ShadowEntry { ret: 0, t_entry: 0, id: 0, slot: 0 }; GRAVEYARD],
     graveyard_next: 0,
     inflight: [0; MAX_INFLIGHT],
+    slot: 0,
+    fork_slot: 0,
 }));
 
 fn disabled() -> *mut ThreadState {
@@ -146,7 +156,7 @@ pub fn install_process_hooks() {
     // SAFETY: called once, single-threaded, at start-up; KEY is written only here.
     unsafe {
         libc::pthread_key_create(addr_of_mut!(KEY), Some(thread_exit));
-        libc::pthread_atfork(None, None, Some(after_fork_child));
+        libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child));
     }
 }
 
@@ -172,23 +182,19 @@ extern "C" fn fnscope_thread_init() -> u32 {
     // SAFETY: marks this thread untraced first, so that hooked functions called below (libc's,
     // when libc is hooked) take the untraced path instead of coming back here.
     unsafe { stubs::fnscope_tls_set(disabled()) };
-    let mem = sys::mmap_anon(4096 + SHADOW_BYTES);
-    if mem.is_null() {
-        return 0;
-    }
-    let st = mem as *mut ThreadState;
-    let base = mem as u64 + 4096;
-    // SAFETY: `mem` is a fresh zeroed private mapping large enough for the state page and the
-    // shadow stack; the entry stub reads `ss_base - 32` as a sentinel, which is the state page.
+    let (pid, tid) = (sys::getpid(), sys::gettid());
+    let Some(st) = new_state(region::claim_slot(pid, tid)) else { return 0 };
+    // SAFETY: `st` is a zeroed state followed by its shadow stack (see `new_state`).
     unsafe {
+        let base = (*st).ss_base_of();
         (*st).ss_base = base;
         (*st).ss_top = base;
         // The entry stub compares each new return slot with the slot of the entry below it:
         // below the first entry is this sentinel, above every slot.
         *((base - 8) as *mut u64) = u64::MAX;
         (*st).ss_limit = base + SHADOW_BYTES as u64;
-        (*st).pid = sys::getpid();
-        (*st).tid = sys::gettid();
+        (*st).pid = pid;
+        (*st).tid = tid;
         let (lo, hi) = own_stack();
         (*st).stack_lo = lo;
         (*st).stack_hi = hi;
@@ -196,6 +202,66 @@ extern "C" fn fnscope_thread_init() -> u32 {
         stubs::fnscope_tls_set(st);
     }
     1
+}
+
+/// A zeroed state in `slot` (a shadow-stack slot of the region), or in private memory when
+/// `slot` is null, with `slot` set and its shadow stack right after its page.
+fn new_state(slot: *mut u8) -> Option<*mut ThreadState> {
+    let st = if slot.is_null() {
+        let mem = sys::mmap_anon(4096 + SHADOW_BYTES);
+        if mem.is_null() {
+            return None;
+        }
+        mem as *mut ThreadState
+    } else {
+        // SAFETY: a slot is STACK_SLOT_SIZE bytes; its state lies in its first page.
+        unsafe {
+            let st = slot.add(fnscope_abi::SLOT_STATE_OFFSET) as *mut ThreadState;
+            core::ptr::write_bytes(st as *mut u8, 0, core::mem::size_of::<ThreadState>());
+            st
+        }
+    };
+    // SAFETY: `st` is zeroed and ours.
+    unsafe { (*st).slot = slot as u64 };
+    Some(st)
+}
+
+impl ThreadState {
+    /// Address of the first shadow-stack entry: the page after the state's.
+    fn ss_base_of(&self) -> u64 {
+        match self.slot {
+            0 => self as *const ThreadState as u64 + 4096,
+            slot => slot + 4096,
+        }
+    }
+}
+
+/// Frees a state from [`new_state`].
+///
+/// # Safety
+/// `st` must be unused from now on.
+unsafe fn free_state(st: *mut ThreadState) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        match (*st).slot {
+            0 => sys::munmap(st as *mut u8, 4096 + SHADOW_BYTES),
+            slot => region::release_slot(slot as *mut u8),
+        }
+    }
+}
+
+/// Notes that the calls open on this thread were recorded (or, `false`, that they were not
+/// after all), so that the recorder does not close them again.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn mark_closed(st: *mut ThreadState, closed: bool) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        if (*st).slot != 0 {
+            region::set_closed((*st).slot as *mut u8, closed);
+        }
+    }
 }
 
 /// Bounds of the calling thread's stack, or (0, 0).
@@ -225,10 +291,13 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
         crate::count::thread_exit();
         return;
     }
-    let st = p as *mut ThreadState;
+    // The state is the one in this thread's TLS word: the key's value is where the state was
+    // when the thread started, and a forked child has moved it since.
+    let _ = p;
+    let Some(st) = current() else { return };
     let here = 0u8;
     let sp = core::ptr::addr_of!(here) as u64;
-    // SAFETY: `p` is the state this thread registered in `fnscope_thread_init`. Entries still
+    // SAFETY: `st` is this thread's live state. Entries still
     // on its shadow stack are calls that `pthread_exit` (a forced unwind) or a cancellation
     // ended, or hooked frames that return only after this destructor (libc's `start_thread`
     // when libc is hooked).
@@ -239,7 +308,7 @@ extern "C" fn thread_exit(p: *mut libc::c_void) {
         // state and shadow stack can go; hooked code in later destructors runs untraced.
         disarm_all(st, sp);
         stubs::fnscope_tls_set(disabled());
-        sys::munmap(st as *mut u8, 4096 + SHADOW_BYTES);
+        free_state(st);
     }
 }
 
@@ -427,8 +496,69 @@ unsafe fn filled(st: *mut ThreadState, c: *mut ChunkHeader) -> u32 {
     (ptr.saturating_sub(start) / RECORD_SIZE as u64).min(cap) as u32
 }
 
+/// Moves the state `from` (and its shadow stack) to `to`, rebasing its pointers.
+///
+/// # Safety
+/// Both must be states followed by a shadow stack, `to` unused; signals blocked.
+unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        let (slot, fork_slot) = ((*to).slot, (*to).fork_slot);
+        core::ptr::copy_nonoverlapping(from, to, 1);
+        (*to).slot = slot;
+        (*to).fork_slot = fork_slot;
+        let (old, new) = ((*from).ss_base, (*to).ss_base_of());
+        let used = ((*from).ss_top - old) as usize;
+        core::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, used);
+        (*to).ss_base = new;
+        (*to).ss_top = new + used as u64;
+        (*to).ss_limit = new + SHADOW_BYTES as u64;
+        *((new - 8) as *mut u64) = u64::MAX;
+    }
+}
+
+/// Before `fork`: a thread whose state is in the shared region moves it to private memory
+/// for the duration, so that the child gets a copy (the region's slots are not inherited).
+extern "C" fn before_fork() {
+    if crate::count_mode() {
+        return;
+    }
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state; signals are blocked while it moves.
+    unsafe {
+        if (*st).slot == 0 {
+            return;
+        }
+        let Some(copy) = new_state(core::ptr::null_mut()) else { return };
+        let mask = sys::block_signals();
+        move_state(st, copy);
+        (*copy).fork_slot = (*st).slot;
+        stubs::fnscope_tls_set(copy);
+        sys::restore_signals(mask);
+    }
+}
+
+/// After `fork`, in the parent: the state goes back to its slot.
+extern "C" fn after_fork_parent() {
+    let Some(copy) = current() else { return };
+    // SAFETY: `copy` is this thread's private copy from `before_fork`; signals are blocked while
+    // it moves back.
+    unsafe {
+        let slot = (*copy).fork_slot;
+        if slot == 0 {
+            return;
+        }
+        let st = (slot as *mut u8).add(fnscope_abi::SLOT_STATE_OFFSET) as *mut ThreadState;
+        let mask = sys::block_signals();
+        move_state(copy, st);
+        stubs::fnscope_tls_set(st);
+        sys::restore_signals(mask);
+        free_state(copy);
+    }
+}
+
 /// After `fork`, in the child: the chunk being filled belongs to the parent's thread. Start a
-/// stream of the child's own, with no open call.
+/// stream of the child's own, with no open call, in a slot of its own when one is free.
 extern "C" fn after_fork_child() {
     if crate::count_mode() {
         crate::count::after_fork_child();
@@ -451,6 +581,15 @@ extern "C" fn after_fork_child() {
         (*st).lost = 0;
         (*st).pid = sys::getpid();
         (*st).tid = sys::gettid();
+        if (*st).fork_slot != 0 {
+            (*st).fork_slot = 0;
+            let slot = if region::remap_stacks() { region::claim_slot((*st).pid, (*st).tid) } else { core::ptr::null_mut() };
+            if let Some(own) = new_state(slot).filter(|_| !slot.is_null()) {
+                move_state(st, own);
+                stubs::fnscope_tls_set(own);
+                free_state(st);
+            }
+        }
     }
 }
 
@@ -820,6 +959,9 @@ pub fn exec_begins() -> Option<(u64, usize)> {
             let rec = Record::new((*e).t_entry, now, (*e).id as u32, depth as u32, REC_FLAG_UNWOUND);
             write_volatile(addr_of_mut!((*r).id_depth), rec.id_depth);
         }
+        if n > 0 {
+            mark_closed(st, true);
+        }
         write_volatile(addr_of_mut!((*st).in_slow), 0);
         sys::restore_signals(mask);
         (n > 0).then_some((at, n))
@@ -830,6 +972,10 @@ pub fn exec_begins() -> Option<(u64, usize)> {
 /// [`exec_begins`] are wiped.
 pub fn exec_failed(pending: Option<(u64, usize)>) {
     let Some((at, n)) = pending else { return };
+    if let Some(st) = current() {
+        // SAFETY: this thread's state.
+        unsafe { mark_closed(st, false) };
+    }
     for i in 0..n {
         let r = (at + (i * RECORD_SIZE) as u64) as *mut Record;
         // SAFETY: the records written by `exec_begins`, past the thread's last record, in its
@@ -856,6 +1002,7 @@ pub fn process_exit() {
     // runs after us (later destructors), whose records are dropped.
     unsafe {
         emit_open_calls(st, stubs::tsc());
+        mark_closed(st, true);
         finish(st);
     }
 }

@@ -8,7 +8,7 @@
 use crate::names::Names;
 use crate::spill::{Call, Merge, ThreadCalls, MEMORY_CALLS};
 use crate::{format_duration, headers, scan, AnalysisError, Trace};
-use fnscope_abi::REC_FLAG_UNWOUND;
+use fnscope_abi::{REC_FLAG_CUT, REC_FLAG_UNWOUND};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::Write;
@@ -120,16 +120,24 @@ impl TreePrinter<'_> {
             }
             let indent = "  ".repeat(c.depth().min(MAX_INDENT) as usize);
             let name = self.names.name(c.func);
-            let unwound = c.flags() & REC_FLAG_UNWOUND != 0;
+            // A call the process died in (SIGKILL, a crash) says so; other calls that did not
+            // return normally were left by longjmp, an exception, exec or exit.
+            let ending = if c.flags() & REC_FLAG_CUT != 0 {
+                "cut off"
+            } else if c.flags() & REC_FLAG_UNWOUND != 0 {
+                "unwound"
+            } else {
+                ""
+            };
             let dur = format_duration(crate::ticks_to_ns(c.ticks(), self.tpn));
             let parens = if name.ends_with(')') { "" } else { "()" };
             let r = if !c.has_callees() {
-                let note = if unwound { " /* unwound */" } else { "" };
+                let note = if ending.is_empty() { String::new() } else { format!(" /* {ending} */") };
                 writeln!(self.out, "[{tid:>6}] {dur:>10} | {indent}{name}{parens};{note}")
             } else if !leave {
                 writeln!(self.out, "[{tid:>6}] {:>10} | {indent}{name}{parens} {{", "")
             } else {
-                let note = if unwound { ", unwound" } else { "" };
+                let note = if ending.is_empty() { String::new() } else { format!(", {ending}") };
                 writeln!(self.out, "[{tid:>6}] {dur:>10} | {indent}}} /* {name}{note} */")
             };
             r.map_err(out_err)?;

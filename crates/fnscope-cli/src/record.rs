@@ -229,6 +229,7 @@ struct Region {
     path: PathBuf,
     chunk_size: u32,
     nchunks: u32,
+    slots: u32,
 }
 
 impl Region {
@@ -243,7 +244,8 @@ impl Region {
             .create_new(true)
             .open(&path)
             .with_context(|| format!("cannot create the shared buffer {}", path.display()))?;
-        file.set_len(fnscope_abi::region_size(chunk_size, nchunks) as u64)
+        let slots = fnscope_abi::DEFAULT_STACK_SLOTS;
+        file.set_len(fnscope_abi::region_size(chunk_size, nchunks, slots) as u64)
             .with_context(|| format!("cannot size the shared buffer {}", path.display()))?;
         // SAFETY: a file we just created and own; nobody else maps it until the program starts.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.context("cannot map the shared buffer")?;
@@ -255,8 +257,9 @@ impl Region {
             (*hdr).chunk_size = chunk_size;
             (*hdr).nchunks = nchunks;
             (*hdr).recorder_pid = std::process::id();
+            (*hdr).stack_slots = slots;
         }
-        Ok(Region { map, path, chunk_size, nchunks })
+        Ok(Region { map, path, chunk_size, nchunks, slots })
     }
 
     fn header(&self) -> *mut RegionHeader {
@@ -278,6 +281,11 @@ impl Region {
         let n = n.min(records_per_chunk(self.chunk_size));
         // SAFETY: the record area of chunk i holds records_per_chunk records, 8-byte aligned.
         unsafe { std::slice::from_raw_parts((self.chunk(i) as *const u8).add(CHUNK_HEADER_SIZE) as *const Record, n) }
+    }
+
+    fn slot(&self, i: u32) -> *mut u8 {
+        // SAFETY: i < slots, so the slot lies inside the mapping.
+        unsafe { self.map.as_ptr().add(fnscope_abi::stack_slot_offset(self.chunk_size, self.nchunks, i)) as *mut u8 }
     }
 
     fn unmatched_returns(&self) -> u64 {
@@ -409,6 +417,62 @@ impl Recorder {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
             self.take(i, n, CHUNK_FLAG_ABANDONED)?;
+        }
+        self.close_dead_stacks(all)
+    }
+
+    /// Records the calls still open in the shadow stacks of threads whose process is gone
+    /// (all of them when `all`) as cut off, after the thread's last records, and frees the
+    /// slots. Threads that ended normally marked their open calls as recorded already.
+    fn close_dead_stacks(&mut self, all: bool) -> Result<()> {
+        use fnscope_abi::{SlotHead, REC_FLAG_CUT, REC_FLAG_UNWOUND, SLOT_OWNED, SLOT_STATE_OFFSET, STATE_SEQ, STATE_SS_BASE, STATE_SS_TOP};
+        let now = tsc();
+        for i in 0..self.region.slots {
+            let slot = self.region.slot(i);
+            // SAFETY: the state word of a slot header inside the mapping.
+            let state = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*(slot as *mut SlotHead)).state)) };
+            if state.load(Ordering::Acquire) != SLOT_OWNED {
+                continue;
+            }
+            // SAFETY: reading the header of an owned slot; its owner is checked to be gone
+            // before anything else is read.
+            let (closed, sid, pid, tid) = unsafe {
+                let h = &*(slot as *const SlotHead);
+                (std::ptr::read_volatile(&h.closed), h.image_sid, h.pid, h.tid)
+            };
+            if !all && process_alive(pid) {
+                continue;
+            }
+            if closed == 0 {
+                // SAFETY: the state lies in the slot's first page; its owner is gone, so the
+                // fields and the entries below `ss_top` no longer change.
+                let (top, base, seq) = unsafe {
+                    let st = slot.add(SLOT_STATE_OFFSET);
+                    (*(st.add(STATE_SS_TOP) as *const u64), *(st.add(STATE_SS_BASE) as *const u64), *(st.add(STATE_SEQ) as *const u64))
+                };
+                let open = (top.saturating_sub(base) / 32).min(fnscope_abi::SHADOW_ENTRIES as u64) as usize;
+                // Deepest first: records are in the order calls end.
+                let recs: Vec<Record> = (0..open)
+                    .rev()
+                    .map(|d| {
+                        // SAFETY: entry d of the slot's shadow stack, inside the slot.
+                        let (t_entry, id) = unsafe {
+                            let e = slot.add(4096 + d * 32) as *const u64;
+                            (*e.add(1), *e.add(2))
+                        };
+                        Record::new(t_entry, now.max(t_entry), id as u32, d as u32, REC_FLAG_UNWOUND | REC_FLAG_CUT)
+                    })
+                    .collect();
+                if !recs.is_empty() {
+                    if !self.images_written.contains(&sid) {
+                        self.copy_images()?;
+                    }
+                    self.writer.write_segment(sid, pid, tid, seq, 0, CHUNK_FLAG_ABANDONED, &recs)?;
+                    self.calls += recs.len() as u64;
+                    self.pids.insert(pid);
+                }
+            }
+            state.store(fnscope_abi::SLOT_FREE, Ordering::Release);
         }
         Ok(())
     }

@@ -624,6 +624,11 @@ fn fork_after_posix_spawn_with_libc_hooked() {
 }
 
 #[test]
+fn fork_from_a_thread_that_then_ends_in_the_child() {
+    check_case(&Case::new("fork_thread.c", "fork_thread"));
+}
+
+#[test]
 fn call_open_at_fork_is_the_parents() {
     // spawner is running when the process forks: one call in both modes (before, timing mode
     // recorded it in the parent and again in the child).
@@ -690,6 +695,17 @@ fn abort_from_deep() {
 }
 
 #[test]
+fn crash_from_deep() {
+    // SIGSEGV: 128 + 11. The calls running at the crash are closed by the recorder from the
+    // shadow stack in shared memory (before, they were lost).
+    let out = check_case(&Case { code: 139, ..Case::new("crash.c", "crash") });
+    let r = fnscope_cmd(&["replay", "-i", path_str(&out.trace)]);
+    for line in ["inner(); /* cut off */", "} /* middle, cut off */", "} /* outer, cut off */"] {
+        assert!(r.stdout.contains(line), "no {line:?} in the replay:\n{}", r.stdout);
+    }
+}
+
+#[test]
 fn sigkill_abrupt_end() {
     // SIGKILL: 128 + 9. The calls made before it are in the trace (checked by check_case);
     // the reader must also say that the trace did not end normally.
@@ -702,6 +718,11 @@ fn sigkill_abrupt_end() {
         text.to_lowercase().contains("abrupt"),
         "`fnscope info` does not say that the trace ended abruptly:\n{text}"
     );
+    // die (counted by the program) and main were running when the process died: the
+    // recorder closed them from the shared shadow stack (before, they were lost).
+    let r = fnscope_cmd(&["replay", "-i", path_str(&out.trace)]);
+    assert!(r.stdout.contains("die(); /* cut off */"), "die is not recorded as cut off:\n{}", r.stdout);
+    assert!(r.stdout.contains("} /* main, cut off */"), "main is not recorded as cut off:\n{}", r.stdout);
 }
 
 #[test]
