@@ -42,9 +42,6 @@ pub struct ThreadState {
     pub stack_hi: u64,
     /// Number of exceptions in `inflight`.
     pub unwinding: u32,
-    /// Time-stamp counter at the thread's latest `longjmp`: frames found skipped later ended
-    /// then (see [`jumped`]).
-    pub t_jump: u64,
     /// The last entries [`fnscope_entry_dead`] removed, newest at `graveyard_next - 1`: if one
     /// of them was alive after all (code that calls from above its own return slot, as libffi
     /// does) its return still finds its way (see [`fnscope_exit_mismatch`]).
@@ -126,7 +123,6 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     stack_lo: 0,
     stack_hi: 0,
     unwinding: 0,
-    t_jump: 0,
     graveyard: [ShadowEntry { ret: 0, t_entry: 0, id: 0, slot: 0 }; GRAVEYARD],
     graveyard_next: 0,
     inflight: [0; MAX_INFLIGHT],
@@ -336,22 +332,6 @@ fn gone_stack(slot: u64) -> bool {
     !sys::is_mapped(slot)
 }
 
-/// When a call found left by a `longjmp` (or an exception the unwinder hooks did not see)
-/// ended: at the thread's latest `longjmp` if that came after the call began, else `now`,
-/// when it was noticed.
-///
-/// # Safety
-/// `st` must be the calling thread's state.
-unsafe fn gone_at(st: *mut ThreadState, t_entry: u64, now: u64) -> u64 {
-    // SAFETY: per the caller's guarantee.
-    let jump = unsafe { (*st).t_jump };
-    if jump >= t_entry && jump <= now {
-        jump
-    } else {
-        now
-    }
-}
-
 /// Code range `[start, end)` of each hooked function, by id: a fixed-size table (only the
 /// pages of ids in use are ever touched) so that slow paths of any thread read it without a
 /// lock while `dlopen` adds functions.
@@ -382,14 +362,6 @@ fn in_function(id: u64, addr: u64) -> bool {
     // SAFETY: inside the table; entries of ids handed out were written before use.
     let [start, end] = unsafe { *((t as *const [u64; 2]).add(id as usize)) };
     addr >= start && addr < end
-}
-
-/// Pre-hook of `longjmp` and its kin: remember when, so that the frames it skips end then.
-pub fn jumped() {
-    if let Some(st) = current() {
-        // SAFETY: `st` is this thread's state.
-        unsafe { (*st).t_jump = stubs::tsc() };
-    }
 }
 
 /// The entry stub found that the entry below its new one (`slot`, reserved) is not a caller:
@@ -441,7 +413,7 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             (*st).graveyard[g] = e;
             (*st).graveyard_next = (*st).graveyard_next.wrapping_add(1);
             let depth = ((p - base) / 32) as u32;
-            emit(st, Record::new(e.t_entry, gone_at(st, e.t_entry, now), e.id as u32, depth, REC_FLAG_UNWOUND));
+            emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
         }
         write_volatile(addr_of_mut!((*st).ss_top), k);
         1
@@ -804,7 +776,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
             let e = core::ptr::read(r as *const ShadowEntry);
             if (e.slot < rsp && on_stack(rsp) && on_stack(e.slot)) || (!on_stack(e.slot) && gone_stack(e.slot)) {
                 let depth = ((r - base) / 32) as u32;
-                emit(st, Record::new(e.t_entry, gone_at(st, e.t_entry, now), e.id as u32, depth, REC_FLAG_UNWOUND));
+                emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
             } else {
                 core::ptr::write(w as *mut ShadowEntry, e);
                 w += 32;

@@ -15,12 +15,9 @@ use crate::thread;
 const KIND_BEGIN: u32 = 1;
 /// Pre-hook kind: an exception is caught.
 const KIND_CAUGHT: u32 = 2;
-/// Pre-hook kind: a `longjmp` leaves frames.
-const KIND_JUMP: u32 = 3;
 
 const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
 const CAUGHT: &[&str] = &["__cxa_begin_catch"];
-const JUMP: &[&str] = &["longjmp", "_longjmp", "siglongjmp", "__longjmp_chk"];
 
 /// Called by `fnscope_prehook` with the kind, the stack pointer at the hooked function's
 /// entry (pointing at its return address) and its first argument: the `_Unwind_Exception`
@@ -30,7 +27,6 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
     match kind {
         KIND_BEGIN => thread::unwind_begins(rsp, exception),
         KIND_CAUGHT => thread::unwind_caught(rsp + 8, exception),
-        KIND_JUMP => thread::jumped(),
         _ => {}
     }
 }
@@ -40,7 +36,7 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
 pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
     let mut n = 0;
     let mut targets: Vec<(u64, u32)> = Vec::new();
-    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (JUMP, KIND_JUMP)] {
+    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT)] {
         for name in names {
             let c = std::ffi::CString::new(*name).expect("static name without NUL");
             // SAFETY: dlsym with RTLD_DEFAULT and a valid C string only looks a symbol up.
