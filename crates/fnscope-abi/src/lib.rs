@@ -292,6 +292,9 @@ pub mod skip_reason {
 
 /// Selects count mode when set to `count` (the default is timing).
 pub const ENV_MODE: &str = "FNSCOPE_MODE";
+/// Set to `1` when the programs the traced one runs with `exec` must not be traced: the
+/// agent then removes itself from the environment they inherit.
+pub const ENV_NO_FOLLOW: &str = "FNSCOPE_NO_FOLLOW";
 
 /// Count mode: `DIR/counts/<sid>.bin`, one file per process image, mapped `MAP_SHARED` by
 /// the agent so that the counts survive the program being killed.

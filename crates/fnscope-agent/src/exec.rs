@@ -54,6 +54,41 @@ pub fn init(vars: Vec<Vec<u8>>) {
     ADD_LEN.store(n, Ordering::Release);
 }
 
+/// `record --no-follow-exec`: takes fnscope out of the process's environment (the agent from
+/// `LD_PRELOAD`, where the recorder put it first, and the `FNSCOPE_*` variables), so that no
+/// program started from this one, by any means, loads the agent. Start-up only, before the
+/// program's own code runs, editing `environ` in place as `unsetenv` would.
+pub fn forget_environment() {
+    // SAFETY: start-up is single-threaded; `environ` is a null-terminated array of strings
+    // whose entries are only removed or replaced by leaked strings that outlive the process.
+    unsafe {
+        let env = environ as *mut *const c_char;
+        if env.is_null() {
+            return;
+        }
+        let (mut r, mut w) = (0, 0);
+        while !(*env.add(r)).is_null() {
+            let s = *env.add(r);
+            r += 1;
+            let b = core::ffi::CStr::from_ptr(s).to_bytes();
+            if b.starts_with(b"FNSCOPE_") {
+                continue;
+            }
+            let mut keep = s;
+            if let Some(list) = b.strip_prefix(b"LD_PRELOAD=") {
+                let Some(colon) = list.iter().position(|&c| c == b':') else { continue };
+                let mut v = b"LD_PRELOAD=".to_vec();
+                v.extend_from_slice(&list[colon + 1..]);
+                v.push(0);
+                keep = Box::leak(v.into_boxed_slice()).as_ptr() as *const c_char;
+            }
+            *env.add(w) = keep;
+            w += 1;
+        }
+        *env.add(w) = core::ptr::null();
+    }
+}
+
 fn real(i: usize) -> usize {
     REAL[i].load(Ordering::Relaxed)
 }

@@ -97,7 +97,12 @@ unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
     }
     let get = |k: &str| vars.get(k.as_bytes()).copied();
     let shm = String::from_utf8_lossy(get(fnscope_abi::ENV_SHM)?).into_owned();
-    exec::init(inherit);
+    if get(fnscope_abi::ENV_NO_FOLLOW) == Some(b"1") {
+        exec::init(Vec::new());
+        exec::forget_environment();
+    } else {
+        exec::init(inherit);
+    }
     let dir = PathBuf::from(std::ffi::OsStr::from_bytes(get(fnscope_abi::ENV_DIR).unwrap_or_default()));
     let libs = String::from_utf8_lossy(get(fnscope_abi::ENV_LIBS).unwrap_or_default())
         .split(',')

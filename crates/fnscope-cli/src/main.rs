@@ -37,6 +37,11 @@ enum Command {
         /// function ran, at the lowest cost.
         #[arg(long, value_enum, default_value_t = Mode::Time)]
         mode: Mode,
+        /// Trace only the program started, not the programs it runs with `exec` or
+        /// `posix_spawn` (by default every one is followed, even with an environment of its
+        /// own). Forked processes are the same program and stay traced.
+        #[arg(long)]
+        no_follow_exec: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
         command: Vec<String>,
@@ -258,10 +263,11 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, command })?;
+            let follow_exec = !no_follow_exec;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, command })?;
             Ok(out.exit_code)
         }
         Command::Replay { input, format, tid } => {

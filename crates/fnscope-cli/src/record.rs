@@ -25,6 +25,8 @@ pub struct RecordOptions {
     pub verbose: bool,
     /// Count calls only (no timestamps).
     pub count: bool,
+    /// Trace the programs the program runs with `exec` too.
+    pub follow_exec: bool,
     /// Program and arguments.
     pub command: Vec<String>,
 }
@@ -555,6 +557,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     }
     if opts.count {
         cmd.env(fnscope_abi::ENV_MODE, "count");
+    }
+    if !opts.follow_exec {
+        cmd.env(fnscope_abi::ENV_NO_FOLLOW, "1");
     }
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();

@@ -616,6 +616,25 @@ fn exec_with_an_environment_of_its_own_is_followed() {
 }
 
 #[test]
+fn no_follow_exec_traces_only_the_first_program() {
+    let dir = TempDir::new("no-follow");
+    let exe = compile("exec_env.c", dir.path(), "exec_env", O2);
+    let inv = Invocation::new(&exe, dir.path()).record_args(&["--no-follow-exec"]);
+    let native = inv.run_native();
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let stats = report(&trace).expect("report");
+    // The first image's calls (before_exec, ended by the exec) are in; the spawned and the
+    // exec'd images are not traced at all.
+    assert_eq!(calls_of(&stats, "exec_env", "before_exec").0, 1);
+    assert_eq!(calls_of(&stats, "exec_env", "main").0, 1, "only the first image's main");
+    assert_eq!(calls_of(&stats, "exec_env", "child_work").0, 0);
+    assert_eq!(calls_of(&stats, "exec_env", "final_work").0, 0);
+}
+
+#[test]
 fn fork_after_posix_spawn_with_libc_hooked() {
     // posix_spawn's child runs on a stack of its own with its parent's thread pointer: its
     // hooked libc calls left entries whose slots were unmapped once it exec'd, and every child
