@@ -174,18 +174,29 @@ fn exec_with(run: impl FnOnce() -> c_int) -> c_int {
     r
 }
 
+/// Runs the C library's `execve` or `execvpe` (`which`; same signature) with fnscope's
+/// environment kept.
+///
+/// # Safety
+/// Same contract as the C library's function.
+unsafe fn exec_real(which: usize, file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = real(which);
+    if f == 0 {
+        return -1;
+    }
+    // SAFETY: `f` is the C library's function of this signature; the environment is the
+    // caller's or a copy of it.
+    exec_with(|| unsafe { core::mem::transmute::<usize, ExecveFn>(f)(file, argv, traced_env(envp)) })
+}
+
 /// `execve`, with fnscope's environment kept.
 ///
 /// # Safety
 /// Same contract as the C library's `execve`.
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-    let f = real(EXECVE);
-    if f == 0 {
-        return -1;
-    }
-    // SAFETY: `f` is the C library's execve; the environment is the caller's or a copy of it.
-    exec_with(|| unsafe { core::mem::transmute::<usize, ExecveFn>(f)(path, argv, traced_env(envp)) })
+    // SAFETY: per this function's contract.
+    unsafe { exec_real(EXECVE, path, argv, envp) }
 }
 
 /// `execvpe`, with fnscope's environment kept.
@@ -194,12 +205,8 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char,
 /// Same contract as the C library's `execvpe`.
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-    let f = real(EXECVPE);
-    if f == 0 {
-        return -1;
-    }
-    // SAFETY: as for `execve`.
-    exec_with(|| unsafe { core::mem::transmute::<usize, ExecveFn>(f)(file, argv, traced_env(envp)) })
+    // SAFETY: per this function's contract.
+    unsafe { exec_real(EXECVPE, file, argv, envp) }
 }
 
 /// `execv`: `execve` with `environ`, which the program may have emptied.
@@ -236,6 +243,29 @@ pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *c
     exec_with(|| unsafe { core::mem::transmute::<usize, FexecveFn>(f)(fd, argv, traced_env(envp)) })
 }
 
+/// Runs the C library's `posix_spawn` or `posix_spawnp` (`which`) with fnscope's
+/// environment kept.
+///
+/// # Safety
+/// Same contract as the C library's function.
+unsafe fn spawn_real(
+    which: usize,
+    pid: *mut pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let f = real(which);
+    if f == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: `f` is the C library's function of this signature; only the environment is
+    // replaced.
+    unsafe { core::mem::transmute::<usize, SpawnFn>(f)(pid, file, actions, attr, argv, traced_env(envp)) }
+}
+
 /// `posix_spawn`, with fnscope's environment kept.
 ///
 /// # Safety
@@ -249,12 +279,8 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let f = real(SPAWN);
-    if f == 0 {
-        return libc::ENOSYS;
-    }
-    // SAFETY: `f` is the C library's posix_spawn; only the environment is replaced.
-    unsafe { core::mem::transmute::<usize, SpawnFn>(f)(pid, path, actions, attr, argv, traced_env(envp)) }
+    // SAFETY: per this function's contract.
+    unsafe { spawn_real(SPAWN, pid, path, actions, attr, argv, envp) }
 }
 
 /// `posix_spawnp`, with fnscope's environment kept.
@@ -270,12 +296,8 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let f = real(SPAWNP);
-    if f == 0 {
-        return libc::ENOSYS;
-    }
-    // SAFETY: as for `posix_spawn`.
-    unsafe { core::mem::transmute::<usize, SpawnFn>(f)(pid, file, actions, attr, argv, traced_env(envp)) }
+    // SAFETY: per this function's contract.
+    unsafe { spawn_real(SPAWNP, pid, file, actions, attr, argv, envp) }
 }
 
 /// `_exit`: no destructor runs after it, so the calls still open are closed here.
@@ -284,9 +306,7 @@ pub unsafe extern "C" fn posix_spawnp(
 /// Same contract as the C library's `_exit`.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    if crate::active() && !crate::count_mode() {
-        thread::process_exit();
-    }
+    thread::process_exit();
     let f = real(EXIT);
     if f != 0 {
         // SAFETY: `f` is the C library's _exit.
@@ -304,9 +324,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 /// Same contract as the C library's `abort`.
 #[no_mangle]
 pub unsafe extern "C" fn abort() -> ! {
-    if crate::active() && !crate::count_mode() {
-        thread::process_exit();
-    }
+    thread::process_exit();
     let f = real(ABORT);
     if f != 0 {
         // SAFETY: `f` is the C library's abort.

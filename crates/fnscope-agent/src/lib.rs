@@ -127,9 +127,7 @@ extern "C" fn agent_init(_argc: libc::c_int, _argv: *const *const libc::c_char, 
 
 extern "C" fn agent_fini() {
     region::check_recorder();
-    if active() && !count_mode() {
-        thread::process_exit();
-    }
+    thread::process_exit();
 }
 
 /// What the agent keeps after start-up, for libraries loaded later.

@@ -204,6 +204,7 @@ fnscope_exit:
     mov qword ptr [rsi + 16], rax
 .Lexit_pop:
     sub qword ptr [rdx], 32
+.Lexit_leave:
     mov r11, [rsp - 40]
     mov rsi, [rsp - 32]
     mov rcx, [rsp - 24]
@@ -227,12 +228,7 @@ fnscope_exit:
     RESTORE_ALL
     jz .Lexit_retry
     /* The real return address is back in place and the call was recorded already. */
-    mov r11, [rsp - 40]
-    mov rsi, [rsp - 32]
-    mov rcx, [rsp - 24]
-    mov rdx, [rsp - 16]
-    mov rax, [rsp - 8]
-    ret
+    jmp .Lexit_leave
 .Lentry_untraced:
     /* Shadow stack full, or an untraced thread: run the call unrecorded (its return address
        stays as it is). */

@@ -282,14 +282,13 @@ fn own_stack() -> (u64, u64) {
 }
 
 /// pthread key destructor: the thread is ending; hand its chunk to the recorder.
-extern "C" fn thread_exit(p: *mut libc::c_void) {
+extern "C" fn thread_exit(_registered: *mut libc::c_void) {
     if crate::count_mode() {
         crate::count::thread_exit();
         return;
     }
     // The state is the one in this thread's TLS word: the key's value is where the state was
     // when the thread started, and a forked child has moved it since.
-    let _ = p;
     let Some(st) = current() else { return };
     let here = 0u8;
     let sp = core::ptr::addr_of!(here) as u64;
@@ -963,6 +962,9 @@ pub fn exec_failed(pending: Option<(u64, usize)>) {
 /// Process exit (the agent's destructor inside `exit`, or `_exit` and `abort`): calls still
 /// open on this thread will never return; record them as ending now and hand the chunk over.
 pub fn process_exit() {
+    if crate::count_mode() {
+        return;
+    }
     let Some(st) = current() else { return };
     // SAFETY: reads this thread's state. A `vfork` child runs on its parent's state, which is
     // not its to finish.
