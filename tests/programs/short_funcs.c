@@ -1,8 +1,10 @@
 /*
  * Functions of 2 to 4 bytes at -O2, which the 5-byte jump at the entry cannot hook: some
  * followed by alignment padding (hooked over it), some packed one after the other (hooked
- * with a 2-byte jump to an island in padding nearby), and one with a loop back into its
- * first 5 bytes (the same). Usage: short_funcs [N] (default 1000).
+ * with a 2-byte jump to an island in padding nearby), one with a loop back into its first 5
+ * bytes (the same), and two in code laid out without any padding within reach of a 2-byte
+ * jump (the island goes into the moved first bytes of a neighbour, whose calls must count
+ * right too). Usage: short_funcs [N] (default 1000).
  *
  * The functions are too short to count their own calls (counts.h), so each call site
  * counts its call just before making it. `noipa` keeps every call a real call: no inlining,
@@ -11,6 +13,7 @@
 #include <stdlib.h>
 
 #include "counts.h"
+#include "dense_asm.h"
 
 #define SHORT __attribute__((noipa, used))
 /* Not aligned: the next function starts right after the `ret`. */
@@ -24,6 +27,11 @@ COUNTER(add2);
 COUNTER(sub2);
 COUNTER(get_x);
 COUNTER(neg);
+COUNTER(dense_mix1);
+COUNTER(dense_ident);
+COUNTER(dense_mix2);
+COUNTER(dense_zero);
+COUNTER(dense_mix3);
 
 struct point {
     int x, y;
@@ -45,6 +53,27 @@ asm(".text\n"
     "  ret\n"
     "  .cfi_endproc\n"
     ".size loop_add, .-loop_add\n");
+
+int dense_mix1(int a, int b);
+int dense_ident(int a);
+int dense_mix2(int a, int b);
+int dense_zero(void);
+int dense_mix3(int a, int b);
+/* A section of its own, no alignment inside: the short functions sit more than 128 bytes from
+ * the padding at either end. Each mix function is 160 bytes. */
+asm(".section .text.dense,\"ax\",@progbits\n"
+    ".p2align 4\n"
+    DENSE_MIX_MACRO
+    "DENSE_MIX dense_mix1\n"
+    ".globl dense_ident\n.type dense_ident,@function\ndense_ident:\n"
+    "  .cfi_startproc\n  mov %edi,%eax\n  ret\n  .cfi_endproc\n"
+    ".size dense_ident, .-dense_ident\n"
+    "DENSE_MIX dense_mix2\n"
+    ".globl dense_zero\n.type dense_zero,@function\ndense_zero:\n"
+    "  .cfi_startproc\n  xor %eax,%eax\n  ret\n  .cfi_endproc\n"
+    ".size dense_zero, .-dense_zero\n"
+    "DENSE_MIX dense_mix3\n"
+    ".text\n");
 
 SHORT int add2(int a, int b) { return a + b; }
 SHORT int sub2(int a, int b) { return a - b; }
@@ -80,6 +109,22 @@ int main(int argc, char **argv)
             HIT(loop_add);
             sum += loop_add(k, 3);
         }
+        HIT(dense_mix1);
+        sum += dense_mix1(k, 1);
+        HIT(dense_ident);
+        sum += dense_ident(k);
+        if (k == 2) {
+            HIT(dense_mix2);
+            sum += dense_mix2(k, (int)i);
+        }
+        if (k > 4) {
+            HIT(dense_zero);
+            sum += dense_zero();
+        }
+        if (i % 3 == 0) {
+            HIT(dense_mix3);
+            sum += dense_mix3((int)i, k);
+        }
     }
     printf("%ld\n", sum);
     PRINT_COUNT(p_ident);
@@ -90,5 +135,10 @@ int main(int argc, char **argv)
     PRINT_COUNT(sub2);
     PRINT_COUNT(get_x);
     PRINT_COUNT(neg);
+    PRINT_COUNT(dense_mix1);
+    PRINT_COUNT(dense_ident);
+    PRINT_COUNT(dense_mix2);
+    PRINT_COUNT(dense_zero);
+    PRINT_COUNT(dense_mix3);
     return 0;
 }

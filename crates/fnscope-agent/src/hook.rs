@@ -3,7 +3,7 @@
 use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
 use fnscope_abi::skip_reason;
 use fnscope_symbols::Inventory;
-use fnscope_x86::{Hook, HookForm, ReturnAddress, Verdict};
+use fnscope_x86::{Hook, HookForm, ReturnAddress, Stage, Verdict};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -69,14 +69,17 @@ pub struct ModuleResult {
     pub patches: Vec<Patch>,
 }
 
-/// A jump to write for a function: at its entry, or in an island of padding its entry jumps
-/// to (see [`fnscope_x86::Hook`]).
+/// A jump to write for a function: at its entry, or in an island its entry jumps to (see
+/// [`fnscope_x86::Hook`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Patch {
     /// Where and what.
     pub jump: fnscope_x86::Patch,
     /// The function's id (the pre-hook kind for pre-hooks).
     pub id: u32,
+    /// For an island in a neighbour's first bytes: the neighbour's id. Its entry jump must be
+    /// written first, or those bytes still run.
+    pub after: Option<u32>,
 }
 
 /// One function to patch, planned.
@@ -192,22 +195,32 @@ fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sys::Errno> {
     crate::sys::mprotect(start, (end - start) as usize, prot)
 }
 
-/// Writes the jumps, returning those that could not be written with the reason. Called at
-/// start-up (one thread) or for a library just loaded by `dlopen`, whose code no other thread
-/// is running yet.
+/// Writes the jumps, returning one patch of each function that could not be hooked, with the
+/// reason. Called at start-up (one thread) or for a library just loaded by `dlopen`, whose
+/// code no other thread is running yet.
 ///
-/// Islands go first, so that no `jmp rel8` ever leads to padding not yet patched; an entry
-/// whose island could not be written is not written either.
+/// Stage by stage (see [`Stage`]): a function whose island could not be written keeps its
+/// entry as it was, and no island goes into a neighbour whose entry jump failed.
 pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
     let maps = mappings();
-    let (islands, entries): (Vec<Patch>, Vec<Patch>) = patches.iter().partition(|p| p.jump.island);
-    let mut failed = write_sorted(&islands, &maps);
-    let entries: Vec<Patch> = entries.into_iter().filter(|e| !failed.iter().any(|f| f.0.id == e.id)).collect();
-    let island_failures: Vec<(Patch, String)> =
-        patches.iter().filter(|p| !p.jump.island && failed.iter().any(|f| f.0.id == p.id)).map(|p| (*p, "its island could not be written".to_string())).collect();
-    failed.retain(|f| !f.0.jump.island);
-    failed.extend(island_failures);
-    failed.extend(write_sorted(&entries, &maps));
+    let mut failed: Vec<(Patch, String)> = Vec::new();
+    for stage in [Stage::Island, Stage::Entry, Stage::BorrowedIsland, Stage::ShortJump] {
+        let mut todo = Vec::new();
+        for p in patches.iter().filter(|p| p.jump.stage == stage) {
+            if failed.iter().any(|f| f.0.id == p.id) {
+                continue;
+            }
+            match p.after {
+                Some(donor) if failed.iter().any(|f| f.0.id == donor) => failed.push((
+                    *p,
+                    "the neighbour holding its island could not be patched".to_string(),
+                )),
+                _ => todo.push(*p),
+            }
+        }
+        todo.sort_by_key(|p| p.jump.address);
+        failed.extend(write_sorted(&todo, &maps));
+    }
     failed
 }
 
@@ -339,8 +352,9 @@ fn count_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
     h
 }
 
-/// Builds the slots for `plans` in a new area near `[lo, hi)` and returns the patches to write.
-/// Plans whose prologue cannot be relocated are returned in the error list with a reason.
+/// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)` and
+/// returns the patches to write. Plans whose prologue cannot be relocated, or whose island's
+/// donor could not be built, are returned in the error list with a reason.
 fn build_slots(
     lo: u64,
     hi: u64,
@@ -371,7 +385,21 @@ fn build_slots(
     let mut failed = Vec::new();
     let mut ids = Vec::with_capacity(plans.len());
     let mut off = AREA_HEADER;
-    for p in plans {
+    // Donors first, so that a borrower finds its donor's id (plans come in index order, and
+    // so do the ids of the first pass).
+    let borrows = |p: &&Planned| matches!(p.hook.form, HookForm::Borrowed { .. });
+    let mut first_pass = None;
+    for p in plans.iter().filter(|p| !borrows(p)).chain(plans.iter().filter(borrows)) {
+        let after = match p.hook.form {
+            HookForm::Borrowed { donor, .. } => match ids[..*first_pass.get_or_insert(ids.len())].binary_search_by_key(&donor, |&(i, _)| i) {
+                Ok(k) => Some(ids[k].1),
+                Err(_) => {
+                    failed.push((p.index, "the neighbour holding its island could not be hooked".to_string()));
+                    continue;
+                }
+            },
+            _ => None,
+        };
         let slot = area.base + off as u64;
         let code_at = slot + code_offset as u64;
         // SAFETY: reads `relocate_len` bytes of a function's code in a mapped executable
@@ -423,17 +451,16 @@ fn build_slots(
             let n = reloc.len().min(slot_len(p) - code_offset);
             core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
         }
-        patches.extend(jumps.into_iter().map(|jump| Patch { jump, id }));
+        patches.extend(jumps.into_iter().map(|jump| Patch { jump, id, after }));
         off += slot_len(p);
     }
     set_prot(area.base, area.len, PROT_READ | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
-    patches.sort_by_key(|p| p.jump.address);
     Ok(Built { patches, failed, ids })
 }
 
 /// Result of [`build_slots`].
 struct Built {
-    /// `jmp rel32` patches to write, by address.
+    /// Jumps to write.
     patches: Vec<Patch>,
     /// Plans (by function index) whose prologue could not be moved, with the reason.
     failed: Vec<(usize, String)>,
@@ -552,6 +579,23 @@ pub fn plan_module(
             Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
         }
     }
+    // A function whose island lies in a neighbour's first bytes needs that neighbour hooked.
+    let planned: Vec<usize> = plans.iter().map(|p| p.index).collect();
+    plans.retain(|p| {
+        let HookForm::Borrowed { donor, .. } = p.hook.form else { return true };
+        if planned.binary_search(&donor).is_ok() {
+            return true;
+        }
+        let (reason, why) = match &skips.iter().find(|s| s.0 == donor) {
+            Some((_, reason, detail)) => (*reason, detail.as_str()),
+            None => ("", ""),
+        };
+        let f = &inv.functions[p.index];
+        let own = if f.size < fnscope_x86::JMP_LEN as u64 { skip_reason::TOO_SHORT } else { skip_reason::BRANCH_INTO_PATCH };
+        let detail = format!("its island would lie in {}, which is not hooked ({reason}: {why})", name_of(&inv, donor));
+        skips.push((p.index, own, detail));
+        false
+    });
     let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id)
         .map_err(|e| format!("{}: {e}", obj.path.display()))?;
     for (i, why) in built.failed {

@@ -170,7 +170,7 @@ impl Tracer {
                 Ok(r) => {
                     hooked += r.hooked;
                     skipped += r.skipped;
-                    self.seen.insert(obj.lo, r.patches.iter().find(|p| !p.jump.island).map(|p| p.jump));
+                    self.seen.insert(obj.lo, r.patches.iter().find(|p| matches!(p.jump.stage, fnscope_x86::Stage::Entry | fnscope_x86::Stage::ShortJump)).map(|p| p.jump));
                     pending.push(r.patches);
                 }
                 Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),

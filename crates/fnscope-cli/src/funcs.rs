@@ -33,7 +33,7 @@ struct Row {
     /// `None` when not analysed (PDB listings).
     hookable: Option<bool>,
     reason: &'static str,
-    /// How a hookable function is hooked (`entry`, `padding`, `island`).
+    /// How a hookable function is hooked (`entry`, `padding`, `island`, `borrowed`).
     form: Option<&'static str>,
     detail: String,
     source: &'static str,
@@ -179,10 +179,11 @@ fn summary_line(rows: &[Row], pdb: bool) -> String {
     );
     let over_padding = rows.iter().filter(|r| r.form == Some("padding")).count();
     let islands = rows.iter().filter(|r| r.form == Some("island")).count();
-    if over_padding + islands > 0 {
+    let borrowed = rows.iter().filter(|r| r.form == Some("borrowed")).count();
+    if over_padding + islands + borrowed > 0 {
         let _ = write!(
             s,
-            ", of which {over_padding} over their padding and {islands} through an island"
+            ", of which {over_padding} over their padding, {islands} through an island in padding and {borrowed} through an island in a neighbour's moved bytes"
         );
     }
     if !by_reason.is_empty() {

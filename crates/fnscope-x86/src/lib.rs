@@ -4,8 +4,8 @@
 //! The usual form is a 5-byte `jmp rel32` over the first whole instructions, which run
 //! elsewhere (in a trampoline) unchanged in effect; nothing else in the module may branch
 //! into the middle of those bytes. A function shorter than that jump, or one that other code
-//! branches into, can still be hooked through alignment padding that no code reaches: see
-//! [`HookForm`].
+//! branches into, can still be hooked through alignment padding that no code reaches, or
+//! through bytes a neighbour's hook leaves dead: see [`HookForm`].
 
 mod padding;
 mod retaddr;
@@ -24,8 +24,12 @@ pub const JMP_LEN: usize = 5;
 /// Bytes of the `jmp rel8` written at the entry of a function hooked through an island.
 pub const SHORT_JMP_LEN: usize = 2;
 
-/// Longest possible relocation: 4 bytes of whole instructions, then one of up to 15 bytes.
-pub const MAX_PATCH_LEN: usize = JMP_LEN - 1 + 15;
+/// Islands one function lends at most: each makes it relocate 5 more bytes of its prologue.
+pub const MAX_LENT: usize = 2;
+
+/// Longest possible relocation: that of a function lending [`MAX_LENT`] islands, whole
+/// instructions covering its jump and the islands, the last of up to 15 bytes.
+pub const MAX_PATCH_LEN: usize = JMP_LEN * (1 + MAX_LENT) - 1 + 15;
 
 /// How a hook's jump reaches the trampoline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +46,16 @@ pub enum HookForm {
     Island {
         /// Distance from the entry to the island (the 5-byte jump), in bytes.
         island_offset: i16,
+    },
+    /// As [`HookForm::Island`], but the island is 5 bytes after the entry jump of the
+    /// neighbouring function `donor`, whose hook relocates enough of its prologue that these
+    /// are never run. Hook this function only if `donor` is hooked, and write the island only
+    /// after the donor's entry jump.
+    Borrowed {
+        /// Distance from the entry to the island, in bytes.
+        island_offset: i16,
+        /// Index of the lending function in the inventory's functions.
+        donor: usize,
     },
 }
 
@@ -62,6 +76,7 @@ impl Hook {
             HookForm::Entry => "entry",
             HookForm::Padding => "padding",
             HookForm::Island { .. } => "island",
+            HookForm::Borrowed { .. } => "borrowed",
         }
     }
 
@@ -77,28 +92,47 @@ impl Hook {
             HookForm::Island { island_offset } => {
                 format!("jmp rel8 to a jmp in padding at {island_offset:+}")
             }
+            HookForm::Borrowed { island_offset, .. } => {
+                format!("jmp rel8 to a jmp in a hooked neighbour's moved bytes at {island_offset:+}")
+            }
         }
     }
 
     /// The bytes to write for a function whose entry is at `entry` (run-time address) and
-    /// whose trampoline starts at `slot`, in the order to write them: an island's jump comes
-    /// before the entry's jump to it. `None` if `slot` is beyond the reach of a `jmp rel32`.
+    /// whose trampoline starts at `slot`, each with the [`Stage`] it is written in. `None` if
+    /// `slot` is beyond the reach of a `jmp rel32`.
     pub fn patches(&self, entry: u64, slot: u64) -> Option<Vec<Patch>> {
-        match self.form {
+        let (island_offset, island_stage) = match self.form {
             HookForm::Entry | HookForm::Padding => {
-                Some(vec![Patch::new(entry, &jmp_rel32(entry, slot)?, false)])
+                return Some(vec![Patch::new(entry, &jmp_rel32(entry, slot)?, Stage::Entry)]);
             }
-            HookForm::Island { island_offset } => {
-                let island = entry.wrapping_add_signed(i64::from(island_offset));
-                let disp = island.wrapping_sub(entry.wrapping_add(SHORT_JMP_LEN as u64)) as i64;
-                let disp = i8::try_from(disp).ok()?;
-                Some(vec![
-                    Patch::new(island, &jmp_rel32(island, slot)?, true),
-                    Patch::new(entry, &[0xeb, disp as u8], false),
-                ])
-            }
-        }
+            HookForm::Island { island_offset } => (island_offset, Stage::Island),
+            HookForm::Borrowed { island_offset, .. } => (island_offset, Stage::BorrowedIsland),
+        };
+        let island = entry.wrapping_add_signed(i64::from(island_offset));
+        let disp = island.wrapping_sub(entry.wrapping_add(SHORT_JMP_LEN as u64)) as i64;
+        let disp = i8::try_from(disp).ok()?;
+        Some(vec![
+            Patch::new(island, &jmp_rel32(island, slot)?, island_stage),
+            Patch::new(entry, &[0xeb, disp as u8], Stage::ShortJump),
+        ])
     }
+}
+
+/// When a patch is written: every patch of a stage before any of the next, and a function's
+/// later patches only if its earlier ones (and its donor's entry jump) were written. Thus no
+/// `jmp rel8` ever leads to an island not yet written, and no island is written into a
+/// neighbour's first bytes while they can still run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    /// An island in free padding.
+    Island,
+    /// A `jmp rel32` at a function's entry.
+    Entry,
+    /// An island in bytes a donor's entry jump made dead.
+    BorrowedIsland,
+    /// The `jmp rel8` at the entry of a function hooked through an island.
+    ShortJump,
 }
 
 /// Bytes to write at one address.
@@ -106,20 +140,19 @@ impl Hook {
 pub struct Patch {
     /// Where (run-time address).
     pub address: u64,
-    /// An island's jump: write every island before any entry's jump, so that no `jmp rel8`
-    /// ever leads to padding not yet patched.
-    pub island: bool,
+    /// When.
+    pub stage: Stage,
     len: u8,
     bytes: [u8; JMP_LEN],
 }
 
 impl Patch {
-    fn new(address: u64, bytes: &[u8], island: bool) -> Patch {
+    fn new(address: u64, bytes: &[u8], stage: Stage) -> Patch {
         let mut b = [0u8; JMP_LEN];
         b[..bytes.len()].copy_from_slice(bytes);
         Patch {
             address,
-            island,
+            stage,
             len: bytes.len() as u8,
             bytes: b,
         }
@@ -306,7 +339,59 @@ pub fn analyze_for(inv: &Inventory, data: &[u8], ra: ReturnAddress) -> Vec<Verdi
             verdicts[i] = hookable(n, HookForm::Island { island_offset });
         }
     }
+    // Last, where no padding is near (code laid out without alignment): an island in the
+    // first bytes of a neighbour hooked at its entry, which then relocates 5 more bytes for
+    // each island it lends; those after its own jump are never run.
+    let mut lent = vec![0usize; verdicts.len()];
+    for &i in &pending {
+        let Local::Open(Open { short: Some(n), .. }) = locals[i] else {
+            continue;
+        };
+        let f = &inv.functions[i];
+        if verdicts[i].hook().is_some() || branch_into(&module, f.address, SHORT_JMP_LEN, n).is_some() {
+            continue;
+        }
+        let from = f.address + SHORT_JMP_LEN as u64;
+        // Islands within reach of the jmp rel8, in donors starting up to 15 bytes before.
+        let (lo, hi) = (from.saturating_sub(128), from + 127);
+        let first = inv.functions.partition_point(|g| g.address + ((JMP_LEN * (1 + MAX_LENT)) as u64) < lo);
+        let donor = (first..inv.functions.len())
+            .take_while(|&d| inv.functions[d].address <= hi)
+            .filter(|&d| d != i && lent[d] < MAX_LENT)
+            .find_map(|d| {
+                let at = inv.functions[d].address + (JMP_LEN * (1 + lent[d])) as u64;
+                let reach = at >= lo && at <= hi;
+                let len = JMP_LEN * (2 + lent[d]);
+                Some((d, at, reach.then(|| donor_len(inv, data, &module, &verdicts[d], d, len))??))
+            });
+        if let Some((d, at, len)) = donor {
+            lent[d] += 1;
+            verdicts[d] = hookable(len, HookForm::Entry);
+            let island_offset = (at as i64 - f.address as i64) as i16;
+            verdicts[i] = hookable(n, HookForm::Borrowed { island_offset, donor: d });
+        }
+    }
     verdicts
+}
+
+/// Bytes function `d` would relocate to lend the bytes before `min_len` to islands: it is
+/// hooked at its entry, and its first whole instructions covering `min_len` bytes can move,
+/// with no branch from elsewhere into them.
+fn donor_len(
+    inv: &Inventory,
+    data: &[u8],
+    module: &Module,
+    v: &Verdict,
+    d: usize,
+    min_len: usize,
+) -> Option<usize> {
+    if !matches!(v.hook()?.form, HookForm::Entry) {
+        return None;
+    }
+    let f = &inv.functions[d];
+    let bytes = inv.code_bytes(data, f.address)?;
+    let len = displace(&bytes[..bytes.len().min(MAX_PATCH_LEN)], f, min_len).ok()?.len;
+    branch_into(module, f.address, len, len).is_none().then_some(len)
 }
 
 fn hookable(relocate_len: usize, form: HookForm) -> Verdict {

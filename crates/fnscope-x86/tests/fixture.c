@@ -2,6 +2,8 @@
    have an exact layout that the tests rely on. */
 #include <stdio.h>
 
+#include "dense_asm.h"
+
 long counter = 42;
 
 __attribute__((noinline)) int normal(int a, int b) {
@@ -38,6 +40,21 @@ long ra_entry(void);
 long ra_frame(void);
 long ra_pop(void);
 long args_only(long, long, long, long, long, long, long);
+
+/* No padding within reach of a jmp rel8 (161-byte neighbours): both short functions get
+ * their island in dense_big2's first bytes, which it relocates (dense_big1's are too far). */
+asm(".section .text.dense,\"ax\",@progbits\n"
+    ".p2align 4\n"
+    DENSE_MIX_MACRO
+    "DENSE_MIX dense_big1\n"
+    ".globl dense_t1\n.type dense_t1,@function\ndense_t1:\n"
+    "  .cfi_startproc\n  mov %edi,%eax\n  ret\n  .cfi_endproc\n"
+    ".size dense_t1, .-dense_t1\n"
+    ".globl dense_t2\n.type dense_t2,@function\ndense_t2:\n"
+    "  .cfi_startproc\n  xor %eax,%eax\n  ret\n  .cfi_endproc\n"
+    ".size dense_t2, .-dense_t2\n"
+    "DENSE_MIX dense_big2\n"
+    ".text\n");
 
 asm(".text\n"
     /* 3 bytes: xor eax,eax; ret */

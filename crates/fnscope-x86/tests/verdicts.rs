@@ -6,7 +6,9 @@ use std::process::Command;
 
 use fnscope_abi::skip_reason;
 use fnscope_symbols::Inventory;
-use fnscope_x86::{analyze, analyze_for, max_relocated_len, relocate, HookForm, ReturnAddress, Verdict};
+use fnscope_x86::{
+    analyze, analyze_for, max_relocated_len, relocate, HookForm, ReturnAddress, Stage, Verdict,
+};
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic};
 
 fn fixture() -> PathBuf {
@@ -15,7 +17,10 @@ fn fixture() -> PathBuf {
     let out = dir.join("fixture");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixture.c");
     let r = Command::new("gcc")
-        .args(["-O2", "-o"])
+        .arg("-O2")
+        .arg("-I")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs"))
+        .arg("-o")
         .arg(&out)
         .arg(&src)
         .output()
@@ -162,12 +167,47 @@ fn short_functions_use_padding() {
                 Some((at, at + 5))
             }
             HookForm::Padding => Some((f.address, f.address + 5)),
-            HookForm::Entry => None,
+            HookForm::Entry | HookForm::Borrowed { .. } => None,
         })
         .collect();
     used.sort();
     assert!(used.len() >= 4, "{used:x?}");
     assert!(used.windows(2).all(|w| w[0].1 <= w[1].0), "{used:x?}");
+}
+
+#[test]
+fn short_functions_borrow_from_neighbours() {
+    let (data, inv) = fixture_inventory();
+    let verdicts = analyze(&inv, &data);
+    // dense_big1 starts out of a jmp rel8's reach; dense_big2 right after the short ones.
+    let (big2, v) = verdict_of(&inv, &verdicts, "dense_big2");
+    let lender = *v.hook().unwrap_or_else(|| panic!("dense_big2: {v:?}"));
+    assert_eq!(lender.form, HookForm::Entry);
+    // Its jump and two islands take 15 bytes: whole instructions over them, 1+2+3+3+3+2+3.
+    assert_eq!(lender.relocate_len, 17);
+    let donor_index = inv.functions.iter().position(|f| f.address == big2).unwrap();
+    for (name, island) in [("dense_t1", big2 + 5), ("dense_t2", big2 + 10)] {
+        let (entry, v) = verdict_of(&inv, &verdicts, name);
+        let h = v.hook().unwrap_or_else(|| panic!("{name}: {v:?}"));
+        assert_eq!(h.relocate_len, 2, "{name}");
+        let HookForm::Borrowed { island_offset, donor } = h.form else {
+            panic!("{name}: {h:?}");
+        };
+        assert_eq!(donor, donor_index, "{name}");
+        assert_eq!(entry.wrapping_add_signed(i64::from(island_offset)), island, "{name}");
+        let slot = entry + 0x10_0000;
+        let p = h.patches(entry, slot).unwrap();
+        assert_eq!((p[0].address, p[0].stage), (island, Stage::BorrowedIsland));
+        assert_eq!(p[0].bytes(), fnscope_x86::jmp_rel32(island, slot).unwrap());
+        assert_eq!((p[1].address, p[1].stage), (entry, Stage::ShortJump));
+        let short = Decoder::with_ip(64, p[1].bytes(), entry, DecoderOptions::NONE).decode();
+        assert_eq!((short.len(), short.near_branch_target()), (2, island), "{name}");
+    }
+    // The other neighbour lends nothing and keeps the shortest relocation.
+    let (_, v) = verdict_of(&inv, &verdicts, "dense_big1");
+    assert_eq!(v.hook().map(|h| (h.form, h.relocate_len)), Some((HookForm::Entry, 6)));
+    // A donor's own patch comes before the islands written into its bytes.
+    assert!(Stage::Entry < Stage::BorrowedIsland && Stage::BorrowedIsland < Stage::ShortJump);
 }
 
 #[test]
