@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+mod calls;
 mod coverage;
 mod coverage_html;
 mod diff;
@@ -19,6 +20,9 @@ mod replay;
 mod report;
 mod spill;
 
+pub use calls::{
+    walk_calls, CallEvent, CallInfo, Ending, FunctionNames, Order, Selection, WalkContext,
+};
 pub use coverage::{
     coverage, coverage_json, render_coverage_text, Coverage, CoveredFunction, FileCoverage,
     FunctionStatus, ModuleCoverage, Sources,
@@ -107,7 +111,7 @@ pub struct Trace {
     pub segments_read: u64,
     /// Records read.
     pub records: u64,
-    /// Bytes of the trace file read.
+    /// Bytes of the trace file read (so far, during a [`scan`]).
     pub bytes: u64,
     /// Problems the user should know about, in plain words.
     pub warnings: Vec<String>,
@@ -191,6 +195,7 @@ fn pass(
             Ok(Some(Chunk::Events(seg))) => {
                 t.segments_read += 1;
                 t.records += seg.records.len() as u64;
+                t.bytes = r.offset();
                 f(&t, &seg);
             }
             Ok(Some(Chunk::End(e))) => t.end = Some(e),

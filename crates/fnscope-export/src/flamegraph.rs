@@ -1,0 +1,8 @@
+//! Placeholder of the base branch: replaced by the real writer before this crate lands.
+
+use crate::{ExportError, FlameOptions, Options, Output, Progress};
+use std::path::Path;
+
+pub(crate) fn write(_input: &Path, _opts: &Options, _flame: &FlameOptions, _out: &Output, _progress: Progress<'_>) -> Result<Vec<String>, ExportError> {
+    Err(ExportError::Unsupported("flame graphs are not written yet".into()))
+}
