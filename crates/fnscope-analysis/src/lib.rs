@@ -143,6 +143,13 @@ impl Trace {
         self.ticks_to_ns(tsc.saturating_sub(self.meta.tsc_at_start))
     }
 
+    /// The duration of a call that every call-by-call view (replay, the exports) shows: the
+    /// difference of its ends, each in ns since the start. (Per call it can differ by 1 ns
+    /// from [`Trace::ticks_to_ns`] of its ticks, which `report` sums.)
+    pub fn duration_ns(&self, entry_tsc: u64, exit_tsc: u64) -> u64 {
+        self.ns_since_start(exit_tsc).saturating_sub(self.ns_since_start(entry_tsc))
+    }
+
     /// Wall-clock time of time-stamp `tsc`, in nanoseconds since the Unix epoch.
     pub fn wall_ns(&self, tsc: u64) -> u64 {
         let delta = tsc as i128 - self.meta.tsc_at_start as i128;

@@ -152,3 +152,36 @@ pub fn callgraph(
 ) -> Result<Vec<String>, ExportError> {
     callgraph::write(input, opts, out, progress)
 }
+
+/// Refuses a trace without call times (count mode, merged runs) for `what` needs them.
+pub(crate) fn require_times(input: &Path, what: &str) -> Result<(), ExportError> {
+    let mut r = fnscope_format::TraceReader::open(input).map_err(AnalysisError::from)?;
+    if let Ok(Some(fnscope_format::Chunk::Meta(m))) = r.next_chunk() {
+        if m.mode == "count" || m.mode == "merged" {
+            return Err(ExportError::Unsupported(format!(
+                "{} is a {} trace: it holds how often functions ran, not when, which {what} needs; \
+                 `fnscope export --format folded --counts` and `fnscope flamegraph --counts` work \
+                 with it, or record with the default --mode time",
+                input.display(),
+                m.mode
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes one whole output document through `f`, to the file or standard output.
+pub(crate) fn write_whole(
+    out: &Output,
+    f: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), ExportError> {
+    let shown = || out.path.clone().unwrap_or_else(|| PathBuf::from("standard output"));
+    let err = |source| ExportError::Write { path: shown(), source };
+    match &out.path {
+        Some(p) => {
+            let file = std::fs::File::create(p).map_err(err)?;
+            f(&mut std::io::BufWriter::new(file)).map_err(err)
+        }
+        None => f(&mut std::io::BufWriter::new(std::io::stdout().lock())).map_err(err),
+    }
+}
