@@ -111,6 +111,9 @@ pub struct Trace {
     pub segments_read: u64,
     /// Records read.
     pub records: u64,
+    /// Records each thread `(pid, tid)` dropped because the shared buffer was full (threads
+    /// that dropped none are not listed).
+    pub lost_by_thread: BTreeMap<(u32, u32), u64>,
     /// Bytes of the trace file read (so far, during a [`scan`]).
     pub bytes: u64,
     /// Problems the user should know about, in plain words.
@@ -202,6 +205,9 @@ fn pass(
             Ok(Some(Chunk::Events(seg))) => {
                 t.segments_read += 1;
                 t.records += seg.records.len() as u64;
+                if seg.lost > 0 {
+                    *t.lost_by_thread.entry((seg.pid, seg.tid)).or_default() += seg.lost;
+                }
                 t.bytes = r.offset();
                 f(&t, &seg);
             }

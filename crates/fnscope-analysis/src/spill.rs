@@ -17,7 +17,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// Calls kept in memory over all threads before the largest buffer is spilled (40 bytes each).
+/// Calls kept in memory over all threads before the largest buffer is spilled (48 bytes each).
 pub(crate) const MEMORY_CALLS: usize = 256 * 1024;
 /// Runs of one level merged into one run of the next level.
 const FAN: usize = 16;
@@ -37,6 +37,9 @@ pub(crate) struct Call {
     pub func: u32,
     /// The high half of `Record::id_depth`: depth and flags.
     pub depth_flags: u32,
+    /// Image session id and function id of the record.
+    pub image: u32,
+    pub id: u32,
 }
 
 impl Call {
@@ -77,7 +80,7 @@ struct Placer {
 }
 
 impl Placer {
-    fn place(&mut self, rec: &Record, func: u32) -> Call {
+    fn place(&mut self, rec: &Record, func: u32, image: u32) -> Call {
         let own = self.next;
         self.next += 1;
         let d = rec.depth();
@@ -102,6 +105,8 @@ impl Placer {
             t_exit: rec.t_exit,
             func,
             depth_flags: (rec.id_depth >> 32) as u32,
+            image,
+            id: rec.id(),
         }
     }
 }
@@ -215,6 +220,8 @@ const ZERO: Call = Call {
     t_exit: 0,
     func: 0,
     depth_flags: 0,
+    image: 0,
+    id: 0,
 };
 
 impl<'a> RunWriter<'a> {
@@ -239,6 +246,8 @@ impl<'a> RunWriter<'a> {
         put(b, c.ticks());
         put(b, u64::from(c.func));
         put(b, u64::from(c.depth_flags));
+        put(b, u64::from(c.image));
+        put(b, u64::from(c.id));
         self.prev = *c;
         self.count += 1;
         if self.count as usize == BLOCK_CALLS {
@@ -335,6 +344,8 @@ impl<'a> RunReader<'a> {
             let t_exit = t_entry.wrapping_add(field()?);
             let func = field()? as u32;
             let depth_flags = field()? as u32;
+            let image = field()? as u32;
+            let id = field()? as u32;
             prev = Call {
                 first,
                 own,
@@ -342,6 +353,8 @@ impl<'a> RunReader<'a> {
                 t_exit,
                 func,
                 depth_flags,
+                image,
+                id,
             };
             self.calls.push(prev);
         }
@@ -417,8 +430,8 @@ pub(crate) struct ThreadCalls {
 
 impl ThreadCalls {
     /// Adds the thread's next record; true when it completed a tree (a depth-0 call).
-    pub fn push(&mut self, rec: &Record, func: u32) -> bool {
-        self.memory.push(self.placer.place(rec, func));
+    pub fn push(&mut self, rec: &Record, func: u32, image: u32) -> bool {
+        self.memory.push(self.placer.place(rec, func, image));
         rec.depth() == 0
     }
 
