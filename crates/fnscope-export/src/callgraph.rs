@@ -2,7 +2,7 @@
 //! self time, an edge per caller → callee pair with its calls and time, drawn thicker the
 //! more time it carries.
 
-use crate::stacks::{program_name, read_meta, walk_stacks, Ended, Sink};
+use crate::stacks::{program_name, timed_meta, walk_stacks, Ended, Sink};
 use crate::{ExportError, Options, Output, Progress};
 use fnscope_analysis::{format_duration, CallInfo, WalkContext};
 use std::collections::{BTreeMap, HashMap};
@@ -55,8 +55,7 @@ pub(crate) fn write(
     out: &Output,
     progress: Progress<'_>,
 ) -> Result<Vec<String>, ExportError> {
-    crate::require_times(input, "a call graph (who called whom, and for how long)")?;
-    let meta = read_meta(input)?;
+    let meta = timed_meta(input, "a call graph (who called whom, and for how long)")?;
     let mut graph = Graph::default();
     let enter = |g: &mut Graph, cx: &mut WalkContext, _: Option<u32>, c: &CallInfo| {
         g.funcs.entry(c.func).or_insert_with(|| FuncStat {

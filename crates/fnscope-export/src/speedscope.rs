@@ -5,7 +5,7 @@
 //! ([`Order::ByThread`]); events are written as they come, and only the frames list (one entry
 //! per function) is held until the end.
 
-use crate::stacks::{program_name, read_meta, Advance, Sink};
+use crate::stacks::{program_name, timed_meta, Advance, Sink};
 use crate::{ExportError, Options, Output, Progress, Selector};
 use fnscope_analysis::{walk_calls, AnalysisError, CallEvent, Order};
 use std::collections::HashMap;
@@ -30,8 +30,7 @@ pub(crate) fn write(
     out: &Output,
     progress: Progress<'_>,
 ) -> Result<Vec<String>, ExportError> {
-    crate::require_times(input, "speedscope's timelines")?;
-    let meta = read_meta(input)?;
+    let meta = timed_meta(input, "speedscope's timelines")?;
     let program = program_name(&meta);
     let mut selector = Selector::new(opts)?;
     let mut sink = Sink::whole(out, "a speedscope file")?;

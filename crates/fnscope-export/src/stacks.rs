@@ -80,6 +80,13 @@ pub(crate) fn read_meta(input: &Path) -> Result<Meta, ExportError> {
     }
 }
 
+/// The META chunk of the trace at `input`, for `what`, which needs call times: a trace
+/// without them is refused.
+pub(crate) fn timed_meta(input: &Path, what: &str) -> Result<Meta, ExportError> {
+    crate::require_times(input, what)?;
+    read_meta(input)
+}
+
 /// The trace's mode when it holds no times: `count` (calls counted per function) or
 /// `merged` (totals of several runs).
 pub(crate) fn untimed(meta: &Meta) -> Option<&str> {
