@@ -55,7 +55,7 @@ pub(crate) fn write(
     out: &Output,
     progress: Progress<'_>,
 ) -> Result<Vec<String>, ExportError> {
-    let meta = timed_meta(input, "a call graph (who called whom, and for how long)")?;
+    let meta = timed_meta(input, "a call graph")?;
     let mut graph = Graph::default();
     let enter = |g: &mut Graph, cx: &mut WalkContext, _: Option<u32>, c: &CallInfo| {
         g.funcs.entry(c.func).or_insert_with(|| FuncStat {

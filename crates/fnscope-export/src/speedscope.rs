@@ -30,7 +30,7 @@ pub(crate) fn write(
     out: &Output,
     progress: Progress<'_>,
 ) -> Result<Vec<String>, ExportError> {
-    let meta = timed_meta(input, "speedscope's timelines")?;
+    let meta = timed_meta(input, "a speedscope file")?;
     let program = program_name(&meta);
     let mut selector = Selector::new(opts)?;
     let mut sink = Sink::whole(out, "a speedscope file")?;
