@@ -129,9 +129,12 @@ fn firefox_refuses_count_traces_and_split() {
     let r = fnscope_cmd(&["export", "--format", "firefox", "-i", path_str(&trace), "-o", path_str(&dir.join("p.json"))]);
     assert_eq!(r.code, 2, "{}", r.describe());
     assert!(r.stderr.contains("count trace") && r.stderr.contains("--counts"), "{}", r.stderr);
+    let timed = dir.join("timed");
+    let r = Invocation::new(&exe, dir.path()).run_recorded(&timed);
+    assert_eq!(r.code, 0, "{}", r.describe());
     let r = fnscope_cmd(&[
-        "export", "--format", "firefox", "-i", path_str(&trace), "-o", path_str(&dir.join("q.json")), "--split-size", "1M",
+        "export", "--format", "firefox", "-i", path_str(&timed), "-o", path_str(&dir.join("q.json")), "--split-size", "1M",
     ]);
     assert_eq!(r.code, 2, "{}", r.describe());
-    assert!(r.stderr.contains("--split-size is not available"), "{}", r.stderr);
+    assert!(r.stderr.contains("--split-size") && r.stderr.contains("cannot be split"), "{}", r.stderr);
 }

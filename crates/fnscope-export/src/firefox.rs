@@ -9,6 +9,7 @@
 //!
 //! The crate builds the whole profile in memory before writing it: about 50 bytes per call.
 
+use crate::stacks::Sink;
 use crate::{ExportError, Options, Output, Progress, Selector};
 use fnscope_analysis::{walk_calls, CallEvent, Order, WalkContext};
 use fxprof_processed_profile::{
@@ -126,14 +127,8 @@ fn exe_name(cx: &WalkContext, pid: u32) -> String {
 }
 
 pub(crate) fn write(input: &Path, opts: &Options, out: &Output, progress: Progress<'_>) -> Result<Vec<String>, ExportError> {
-    if out.split_size.is_some() {
-        return Err(ExportError::BadOption(
-            "--split-size is not available with --format firefox (the profile is one document): \
-             export a part with --time, --pid or --tid, or use --format perfetto"
-                .into(),
-        ));
-    }
     crate::require_times(input, "the Firefox Profiler's call tree and stack chart")?;
+    let mut sink = Sink::whole(out, "a Firefox profile (export a part with --time, --pid or --tid instead)")?;
     let mut selector = Selector::new(opts)?;
     let mut b: Option<Builder> = None;
     let trace = walk_calls(input, &opts.selection, Order::Completed, |cx, ev| {
@@ -168,6 +163,8 @@ pub(crate) fn write(input: &Path, opts: &Options, out: &Output, progress: Progre
         }
         None => Profile::new("fnscope trace", ReferenceTimestamp::from_millis_since_unix_epoch(0.0), SamplingInterval::from_nanos(1)),
     };
-    crate::write_whole(out, |w| serde_json::to_writer(&mut *w, &profile).map_err(std::io::Error::other).and_then(|_| w.flush()))?;
+    let written = serde_json::to_writer(sink.w(), &profile).map_err(std::io::Error::other);
+    sink.check(written)?;
+    sink.finish()?;
     Ok(warnings)
 }

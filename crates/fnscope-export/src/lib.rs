@@ -170,19 +170,3 @@ pub(crate) fn require_times(input: &Path, what: &str) -> Result<(), ExportError>
     }
     Ok(())
 }
-
-/// Writes one whole output document through `f`, to the file or standard output.
-pub(crate) fn write_whole(
-    out: &Output,
-    f: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> Result<(), ExportError> {
-    let shown = || out.path.clone().unwrap_or_else(|| PathBuf::from("standard output"));
-    let err = |source| ExportError::Write { path: shown(), source };
-    match &out.path {
-        Some(p) => {
-            let file = std::fs::File::create(p).map_err(err)?;
-            f(&mut std::io::BufWriter::new(file)).map_err(err)
-        }
-        None => f(&mut std::io::BufWriter::new(std::io::stdout().lock())).map_err(err),
-    }
-}
