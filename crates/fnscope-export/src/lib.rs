@@ -17,6 +17,7 @@ mod folded;
 mod perfetto;
 mod select;
 mod speedscope;
+mod timeline;
 
 pub use select::{parse_time_window, Selector};
 

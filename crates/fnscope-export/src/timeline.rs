@@ -1,0 +1,159 @@
+//! What the timeline exports (Perfetto, Chrome trace events) share: the check that the
+//! trace has times, the names of processes and threads, and output files that can be split.
+
+use crate::{ExportError, Options, Output, Progress, Selector};
+use fnscope_analysis::{walk_calls, AnalysisError, CallEvent, Order, Trace, WalkContext};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Refuses traces without per-call times: count-mode recordings and merged traces hold
+/// totals only, so there is no call to draw on a timeline.
+pub(crate) fn require_times(trace: &Trace, format: &str) -> Result<(), ExportError> {
+    let what = match trace.meta.mode.as_str() {
+        "count" => "a count-mode recording (calls counted, not timed)",
+        fnscope_analysis::MODE_MERGED => "a merged trace (totals of several runs)",
+        _ => return Ok(()),
+    };
+    Err(ExportError::Unsupported(format!(
+        "--format {format} draws each call on a timeline, but this is {what}: it has no calls \
+         with times. Use `fnscope export --format folded --counts` or `fnscope flamegraph \
+         --counts` for its call counts, or record again with `--mode time`"
+    )))
+}
+
+/// How many calls between two progress reports.
+const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Walks the calls of `input` that `opts` selects, in [`Order::Completed`] (least held),
+/// handing each selected entry and exit to `visit`; refuses a trace without times before the
+/// first. Returns the trace as read.
+pub(crate) fn walk_selected(
+    input: &Path,
+    opts: &Options,
+    format: &str,
+    progress: Progress<'_>,
+    mut visit: impl FnMut(&mut WalkContext, CallEvent) -> Result<(), ExportError>,
+) -> Result<Trace, ExportError> {
+    let mut selector = Selector::new(opts)?;
+    let mut failed = None;
+    let mut events = 0u64;
+    let walked = walk_calls(input, &opts.selection, Order::Completed, |cx, ev| {
+        let step = if events == 0 { require_times(&cx.trace, format) } else { Ok(()) };
+        events += 1;
+        if events % PROGRESS_EVERY == 0 {
+            progress(cx.bytes_read, cx.trace.bytes);
+        }
+        let step = step.and_then(|_| match selector.select(cx, ev) {
+            Some(ev) => visit(cx, ev),
+            None => Ok(()),
+        });
+        step.map_err(|e| {
+            failed = Some(e);
+            // Only stops the walk: the error returned is the one kept in `failed`.
+            AnalysisError::Output(std::io::Error::other("export stopped"))
+        })
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let trace = walked?;
+    require_times(&trace, format)?;
+    progress(trace.bytes, trace.bytes);
+    Ok(trace)
+}
+
+/// A process's name and command line from the image tables: the executable's file name (all
+/// of them in order, `a → b`, when it ran `exec`), and the last command line.
+pub(crate) fn process_name(trace: &Trace, pid: u32) -> (String, Vec<String>) {
+    let mut names: Vec<&str> = Vec::new();
+    let mut args = Vec::new();
+    for img in trace.images.values().filter(|i| i.pid == pid) {
+        let exe = Path::new(&img.exe).file_name().and_then(|n| n.to_str()).unwrap_or(&img.exe);
+        if names.last() != Some(&exe) {
+            names.push(exe);
+        }
+        args.clone_from(&img.args);
+    }
+    let name = if names.is_empty() { format!("process {pid}") } else { names.join(" → ") };
+    (name, args)
+}
+
+/// The output: standard output or a file, or with a split size numbered files
+/// (`NAME.1.EXT`, `NAME.2.EXT`, ...), opened when first written to so that a refused export
+/// leaves nothing behind.
+pub(crate) struct Sink {
+    out: Output,
+    /// Number of the current part (0 before the first; always 1 when not splitting).
+    part: u32,
+    file: Option<(BufWriter<Box<dyn Write>>, PathBuf)>,
+    /// Bytes written to the current part.
+    written: u64,
+}
+
+impl Sink {
+    pub(crate) fn new(out: &Output) -> Sink {
+        Sink { out: out.clone(), part: 0, file: None, written: 0 }
+    }
+
+    fn path_of(&self, part: u32) -> Option<PathBuf> {
+        let path = self.out.path.as_ref()?;
+        if self.out.split_size.is_none() {
+            return Some(path.clone());
+        }
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = match path.extension() {
+            Some(ext) => format!("{stem}.{part}.{}", ext.to_string_lossy()),
+            None => format!("{stem}.{part}"),
+        };
+        Some(path.with_file_name(name))
+    }
+
+    /// Whether nothing was written to the current part yet.
+    pub(crate) fn at_start(&self) -> bool {
+        self.file.is_none()
+    }
+
+    /// Whether the current part has reached the split size: time to end it.
+    pub(crate) fn full(&self) -> bool {
+        self.out.split_size.is_some_and(|s| self.written >= s)
+    }
+
+    /// Bytes written to the current part.
+    pub(crate) fn written(&self) -> u64 {
+        self.written
+    }
+
+    pub(crate) fn write(&mut self, bytes: &[u8]) -> Result<(), ExportError> {
+        if self.file.is_none() {
+            self.part += 1;
+            let (w, path): (Box<dyn Write>, PathBuf) = match self.path_of(self.part) {
+                Some(p) => {
+                    let f = File::create(&p).map_err(|source| ExportError::Write { path: p.clone(), source })?;
+                    (Box::new(f), p)
+                }
+                None => (Box::new(std::io::stdout().lock()), PathBuf::from("standard output")),
+            };
+            self.file = Some((BufWriter::with_capacity(1 << 20, w), path));
+            self.written = 0;
+        }
+        let (w, path) = self.file.as_mut().expect("opened above");
+        w.write_all(bytes).map_err(|source| ExportError::Write { path: path.clone(), source })?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Flushes and closes the current part: the next write starts a new one.
+    pub(crate) fn end_part(&mut self) -> Result<(), ExportError> {
+        if let Some((mut w, path)) = self.file.take() {
+            w.flush().map_err(|source| ExportError::Write { path, source })?;
+        }
+        Ok(())
+    }
+
+    /// Closes the output; returns how many files were written.
+    pub(crate) fn finish(mut self) -> Result<u32, ExportError> {
+        self.end_part()?;
+        Ok(self.part)
+    }
+}
