@@ -180,8 +180,9 @@ fn decode_perfetto(files: &[PathBuf]) -> Vec<Value> {
 }
 
 /// A decoded Perfetto file's slices per thread (`continued` marks a slice begun again after
-/// a cut), after checking its tracks are named from the image table and its calls' module.
-fn perfetto_threads(file: &Value, pid: u64) -> BTreeMap<u32, Vec<(Slice, bool)>> {
+/// a cut), times made wall-clock by adding `start_ns`, after checking its tracks are named
+/// from the image table and its calls' module.
+fn perfetto_threads(file: &Value, pid: u64, start_ns: u64) -> BTreeMap<u32, Vec<(Slice, bool)>> {
     let problems = file["problems"].as_array().unwrap();
     assert!(problems.is_empty(), "{}: {problems:?}", file["file"]);
     let tracks = file["tracks"].as_object().unwrap();
@@ -201,8 +202,8 @@ fn perfetto_threads(file: &Value, pid: u64) -> BTreeMap<u32, Vec<(Slice, bool)>>
         let slice = Slice {
             name: s["name"].as_str().unwrap().to_string(),
             depth: s["depth"].as_u64().unwrap() as usize,
-            begin: s["begin"].as_u64().unwrap(),
-            end: s["end"].as_u64().unwrap(),
+            begin: start_ns + s["begin"].as_u64().unwrap(),
+            end: start_ns + s["end"].as_u64().unwrap(),
             ending: s["args"]["ending"].as_str().map(str::to_string),
         };
         let continued = s["args"]["continued"] == true;
@@ -291,7 +292,7 @@ fn perfetto_slices_match_replay() {
     assert!(fnscope_lines(&r.stderr).is_empty(), "no warning: {}", r.describe());
     let files = decode_perfetto(std::slice::from_ref(&out));
     let pid = files[0]["tracks"]["1"]["pid"].as_u64().unwrap();
-    let got: Threads = perfetto_threads(&files[0], pid)
+    let got: Threads = perfetto_threads(&files[0], pid, start_unix_ns(&trace))
         .into_iter()
         .map(|(tid, v)| {
             assert!(v.iter().all(|(_, c)| !c), "nothing is continued in a single file");
@@ -300,7 +301,7 @@ fn perfetto_slices_match_replay() {
         .collect();
     assert_same("perfetto", &got, &want);
     let bytes = fs::metadata(&out).unwrap().len();
-    assert!(bytes < 60 * calls, "{bytes} bytes for {calls} calls: names are interned");
+    assert!(bytes < 50 * calls, "{bytes} bytes for {calls} calls: names are interned");
 }
 
 #[test]
@@ -347,12 +348,13 @@ fn split_files_each_open_on_their_own() {
     assert!(!dir.join("p.pftrace").exists(), "only numbered files");
     let decoded = decode_perfetto(&files);
     let pid = decoded[0]["tracks"]["1"]["pid"].as_u64().unwrap();
+    let start = start_unix_ns(&trace);
     // Glued back: a continued slice extends the one its thread had open at the end of the
     // previous file, same name and depth, beginning where that one was cut.
     let mut glued: Threads = BTreeMap::new();
     let mut new_slices = 0;
     for f in &decoded {
-        for (tid, v) in perfetto_threads(f, pid) {
+        for (tid, v) in perfetto_threads(f, pid, start) {
             let list = glued.entry(tid).or_default();
             for (s, continued) in v {
                 if !continued {
@@ -377,7 +379,6 @@ fn split_files_each_open_on_their_own() {
     ok(&["export", "--format", "chrome", "-i", path_str(&trace), "-o", path_str(&dir.join("c.json")), "--split-size", "2K"]);
     let files = parts(dir.path(), "c", "json");
     assert!(files.len() >= 3, "2K pieces: {files:?}");
-    let start = start_unix_ns(&trace);
     let mut all: Threads = BTreeMap::new();
     for f in &files {
         for (tid, v) in chrome_threads(f, start) {

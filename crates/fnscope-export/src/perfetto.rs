@@ -1,6 +1,8 @@
 //! Perfetto's protobuf trace: a track per process and per thread, a slice per call with its
-//! exact begin and end (wall-clock ns, as `replay --format lines` prints them), names
-//! interned.
+//! exact begin and end, names interned. Times are ns from the start of the recording (as
+//! `--time` takes them): `fnscope info`'s start plus a slice's begin is the wall-clock time
+//! `replay --format lines` prints for the call's entry, to the ns. They are smaller numbers
+//! than wall-clock ns, and every event carries one.
 //!
 //! The file is one packet sequence: its first packet clears the incremental state and
 //! describes the tracks; names and modules are interned in the packet that first needs them.
@@ -11,6 +13,7 @@
 use crate::timeline::{process_name, walk_selected, Sink};
 use crate::{ExportError, Options, Output, Progress};
 use fnscope_analysis::{CallEvent, CallInfo, Ending, WalkContext};
+use prost::Message;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -138,11 +141,61 @@ const ANN_MODULE: u64 = 1;
 const ANN_ENDING: u64 = 2;
 const ANN_CONTINUED: u64 = 3;
 
-/// A thread's slices begun and not yet ended, for a cut between files.
-#[derive(Default)]
-struct ThreadSlices {
+/// A thread's track, and its slices begun and not yet ended (for a cut between files).
+struct ThreadTrack {
+    uuid: u64,
     open: Vec<CallInfo>,
     last_ns: u64,
+}
+
+/// What the export keeps of a function met.
+struct Func {
+    /// Its module's iid.
+    module: u64,
+    /// Whether its name is interned in the current file.
+    interned: bool,
+    /// The fields of its slices' begin events past type and track (`TrackEvent` fields
+    /// encoded: name iid, module annotation), encoded once.
+    tail: Vec<u8>,
+}
+
+/// Appends `v` as a protobuf varint.
+fn varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+/// Appends one slice begin or end packet to `buf`: `Trace.packet { timestamp,
+/// trusted_packet_sequence_id, sequence_flags, track_event { type, track_uuid, ...tail } }`;
+/// an end names nothing interned, so it goes without `sequence_flags` (2 bytes a call).
+/// Written directly because these packets are nearly all of a file, and encoding them through
+/// the message structs (nested lengths computed again at each level) took most of an
+/// export's time; the `encodes_like_prost` test checks the bytes are the same.
+fn slice_packet(buf: &mut Vec<u8>, ns: u64, track: u64, kind: i32, tail: &[&[u8]]) {
+    use prost::encoding::encoded_len_varint as len;
+    let tail_len: usize = tail.iter().map(|t| t.len()).sum();
+    let event = 2 + 1 + len(track) + tail_len;
+    let interning = kind == TYPE_SLICE_BEGIN;
+    let packet = 1 + len(ns) + 2 + if interning { 2 } else { 0 } + 1 + len(event as u64) + event;
+    buf.push(0x0a); // Trace.packet, length-delimited
+    varint(buf, packet as u64);
+    buf.push(0x40); // timestamp (8), varint
+    varint(buf, ns);
+    buf.extend_from_slice(&[0x50, SEQUENCE as u8]); // trusted_packet_sequence_id (10)
+    if interning {
+        buf.extend_from_slice(&[0x68, SEQ_NEEDS_INCREMENTAL_STATE as u8]); // sequence_flags (13)
+    }
+    buf.push(0x5a); // track_event (11), length-delimited
+    varint(buf, event as u64);
+    buf.extend_from_slice(&[0x48, kind as u8]); // type (9)
+    buf.push(0x58); // track_uuid (11)
+    varint(buf, track);
+    for t in tail {
+        buf.extend_from_slice(t);
+    }
 }
 
 struct Writer {
@@ -151,18 +204,35 @@ struct Writer {
     /// Processes' and threads' tracks, in the order met (uuid: index + 1).
     tracks: Vec<TrackDescriptor>,
     process_uuid: HashMap<u32, u64>,
-    thread_uuid: HashMap<(u32, u32), u64>,
-    threads: HashMap<(u32, u32), ThreadSlices>,
-    /// Module iid of each function (0: not known yet).
-    func_module: Vec<u64>,
+    threads: Vec<ThreadTrack>,
+    thread_index: HashMap<(u32, u32), usize>,
+    /// The thread of the previous event (consecutive events are mostly of one thread).
+    last: Option<((u32, u32), usize)>,
+    /// By function index; `None` until met.
+    funcs: Vec<Option<Func>>,
     modules: HashMap<String, u64>,
     module_names: Vec<String>,
-    /// Whether each function name / module has been interned in the current file.
-    name_interned: Vec<bool>,
+    /// Whether each module is interned in the current file.
     module_interned: Vec<bool>,
 }
 
 impl Writer {
+    fn new(out: &Output) -> Writer {
+        Writer {
+            sink: Sink::new(out),
+            buf: Vec::with_capacity(256),
+            tracks: Vec::new(),
+            process_uuid: HashMap::new(),
+            threads: Vec::new(),
+            thread_index: HashMap::new(),
+            last: None,
+            funcs: Vec::new(),
+            modules: HashMap::new(),
+            module_names: Vec::new(),
+            module_interned: Vec::new(),
+        }
+    }
+
     fn packet(&mut self, p: &TracePacket) -> Result<(), ExportError> {
         self.buf.clear();
         // The file is a `Trace`: field 1 repeated, one packet after the other.
@@ -172,7 +242,7 @@ impl Writer {
 
     /// The first packets of a file: incremental state cleared, annotation names, tracks.
     fn start_file(&mut self) -> Result<(), ExportError> {
-        self.name_interned.iter_mut().for_each(|b| *b = false);
+        self.funcs.iter_mut().flatten().for_each(|f| f.interned = false);
         self.module_interned.iter_mut().for_each(|b| *b = false);
         let names = [(ANN_MODULE, "module"), (ANN_ENDING, "ending"), (ANN_CONTINUED, "continued")];
         self.packet(&TracePacket {
@@ -213,16 +283,24 @@ impl Writer {
         }
     }
 
-    /// The track of `c`'s thread, described (with its process's) when first met.
-    fn thread_track(&mut self, cx: &WalkContext, c: &CallInfo) -> Result<u64, ExportError> {
-        if let Some(&u) = self.thread_uuid.get(&(c.pid, c.tid)) {
-            return Ok(u);
+    /// Index in `threads` of `c`'s thread, whose track (and its process's) is described when
+    /// first met.
+    fn thread(&mut self, cx: &WalkContext, c: &CallInfo) -> Result<usize, ExportError> {
+        let key = (c.pid, c.tid);
+        if let Some((k, i)) = self.last {
+            if k == key {
+                return Ok(i);
+            }
+        }
+        if let Some(&i) = self.thread_index.get(&key) {
+            self.last = Some((key, i));
+            return Ok(i);
         }
         let (name, cmdline) = process_name(&cx.trace, c.pid);
         if !self.process_uuid.contains_key(&c.pid) {
             let uuid = self.tracks.len() as u64 + 1;
             self.process_uuid.insert(c.pid, uuid);
-            let d = TrackDescriptor {
+            self.add_track(TrackDescriptor {
                 uuid: Some(uuid),
                 process: Some(ProcessDescriptor {
                     pid: Some(c.pid as i32),
@@ -230,12 +308,10 @@ impl Writer {
                     process_name: Some(name.clone()),
                 }),
                 ..Default::default()
-            };
-            self.add_track(d)?;
+            })?;
         }
         let uuid = self.tracks.len() as u64 + 1;
-        self.thread_uuid.insert((c.pid, c.tid), uuid);
-        let d = TrackDescriptor {
+        self.add_track(TrackDescriptor {
             uuid: Some(uuid),
             parent_uuid: self.process_uuid.get(&c.pid).copied(),
             thread: Some(ThreadDescriptor {
@@ -244,101 +320,108 @@ impl Writer {
                 thread_name: Some(format!("{name} {}", c.tid)),
             }),
             ..Default::default()
-        };
-        self.add_track(d)?;
-        Ok(uuid)
+        })?;
+        self.threads.push(ThreadTrack { uuid, open: Vec::new(), last_ns: 0 });
+        let i = self.threads.len() - 1;
+        self.thread_index.insert(key, i);
+        self.last = Some((key, i));
+        Ok(i)
     }
 
-    /// The slice of `c` begins at `ns` on `track`; names and module interned as needed.
-    fn begin(&mut self, cx: &mut WalkContext, track: u64, c: &CallInfo, ns: u64, continued: bool) -> Result<(), ExportError> {
-        let f = c.func as usize;
-        if f >= self.func_module.len() {
-            self.func_module.resize(f + 1, 0);
-            self.name_interned.resize(f + 1, false);
+    /// Interns `c`'s name and module in the current file if they are not yet, in a packet of
+    /// their own.
+    fn intern(&mut self, cx: &mut WalkContext, func: u32) -> Result<(), ExportError> {
+        let f = func as usize;
+        if f >= self.funcs.len() {
+            self.funcs.resize_with(f + 1, || None);
         }
-        if self.func_module[f] == 0 {
-            let m = cx.names.module(c.func);
+        if self.funcs[f].is_none() {
+            let m = cx.names.module(func);
             let next = self.modules.len() as u64 + 1;
-            let iid = *self.modules.entry(m.to_string()).or_insert(next);
-            if iid == next {
+            let module = *self.modules.entry(m.to_string()).or_insert(next);
+            if module == next {
                 self.module_names.push(m.to_string());
                 self.module_interned.push(false);
             }
-            self.func_module[f] = iid;
+            let tail = TrackEvent {
+                name_iid: Some(u64::from(func) + 1),
+                debug_annotations: vec![DebugAnnotation {
+                    name_iid: Some(ANN_MODULE),
+                    string_value_iid: Some(module),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            self.funcs[f] = Some(Func { module, interned: false, tail: tail.encode_to_vec() });
         }
-        let module = self.func_module[f];
+        let state = self.funcs[f].as_mut().expect("set above");
+        let m = state.module as usize - 1;
+        if state.interned && self.module_interned[m] {
+            return Ok(());
+        }
         let mut interned = InternedData::default();
-        if !self.name_interned[f] {
-            self.name_interned[f] = true;
-            interned.event_names.push(EventName { iid: Some(u64::from(c.func) + 1), name: Some(cx.names.name(c.func).to_string()) });
+        if !state.interned {
+            state.interned = true;
+            interned.event_names.push(EventName { iid: Some(u64::from(func) + 1), name: Some(cx.names.name(func).to_string()) });
         }
-        let m = module as usize - 1;
         if !self.module_interned[m] {
             self.module_interned[m] = true;
             interned.debug_annotation_string_values.push(InternedString {
-                iid: Some(module),
+                iid: Some(m as u64 + 1),
                 str: Some(self.module_names[m].as_bytes().to_vec()),
             });
         }
-        let mut annotations = vec![DebugAnnotation { name_iid: Some(ANN_MODULE), string_value_iid: Some(module), ..Default::default() }];
+        self.packet(&TracePacket {
+            trusted_packet_sequence_id: Some(SEQUENCE),
+            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
+            interned_data: Some(interned),
+            ..Default::default()
+        })
+    }
+
+    /// The slice of `c` begins at `ns` on `track`.
+    fn begin(&mut self, cx: &mut WalkContext, track: u64, c: &CallInfo, ns: u64, continued: bool) -> Result<(), ExportError> {
+        self.intern(cx, c.func)?;
+        let mut extra = TrackEvent::default();
         if c.ending != Ending::Returned {
-            annotations.push(DebugAnnotation {
+            extra.debug_annotations.push(DebugAnnotation {
                 name_iid: Some(ANN_ENDING),
                 string_value: Some(c.ending.as_str().to_string()),
                 ..Default::default()
             });
         }
         if continued {
-            annotations.push(DebugAnnotation { name_iid: Some(ANN_CONTINUED), bool_value: Some(true), ..Default::default() });
+            extra.debug_annotations.push(DebugAnnotation { name_iid: Some(ANN_CONTINUED), bool_value: Some(true), ..Default::default() });
         }
-        let has_interned = !interned.event_names.is_empty() || !interned.debug_annotation_string_values.is_empty();
-        self.packet(&TracePacket {
-            timestamp: Some(ns),
-            trusted_packet_sequence_id: Some(SEQUENCE),
-            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
-            interned_data: has_interned.then_some(interned),
-            track_event: Some(TrackEvent {
-                debug_annotations: annotations,
-                r#type: Some(TYPE_SLICE_BEGIN),
-                name_iid: Some(u64::from(c.func) + 1),
-                track_uuid: Some(track),
-            }),
-            ..Default::default()
-        })
+        // Encoded messages concatenated merge: the extra annotations join the function's.
+        let extra = if extra.debug_annotations.is_empty() { Vec::new() } else { extra.encode_to_vec() };
+        let tail = &self.funcs[c.func as usize].as_ref().expect("interned above").tail;
+        self.buf.clear();
+        slice_packet(&mut self.buf, ns, track, TYPE_SLICE_BEGIN, &[tail, &extra]);
+        self.sink.write(&self.buf)
     }
 
     fn end(&mut self, track: u64, ns: u64) -> Result<(), ExportError> {
-        self.packet(&TracePacket {
-            timestamp: Some(ns),
-            trusted_packet_sequence_id: Some(SEQUENCE),
-            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
-            track_event: Some(TrackEvent { r#type: Some(TYPE_SLICE_END), track_uuid: Some(track), ..Default::default() }),
-            ..Default::default()
-        })
+        self.buf.clear();
+        slice_packet(&mut self.buf, ns, track, TYPE_SLICE_END, &[]);
+        self.sink.write(&self.buf)
     }
 
     /// Ends the current file with every open slice ended where its thread last was, and
     /// starts the next with them begun again.
     fn cut(&mut self, cx: &mut WalkContext) -> Result<(), ExportError> {
-        let mut open: Vec<((u32, u32), u64, Vec<CallInfo>)> = Vec::new();
-        for (key, t) in &self.threads {
-            if !t.open.is_empty() {
-                open.push((*key, t.last_ns, t.open.clone()));
-            }
-        }
-        open.sort_by_key(|(key, _, _)| *key);
-        for (key, ns, calls) in &open {
-            let track = self.thread_uuid[key];
+        let open: Vec<(u64, u64, Vec<CallInfo>)> =
+            self.threads.iter().filter(|t| !t.open.is_empty()).map(|t| (t.uuid, t.last_ns, t.open.clone())).collect();
+        for (track, ns, calls) in &open {
             for _ in calls {
-                self.end(track, *ns)?;
+                self.end(*track, *ns)?;
             }
         }
         self.sink.end_part()?;
         self.start_file()?;
-        for (key, ns, calls) in &open {
-            let track = self.thread_uuid[key];
+        for (track, ns, calls) in &open {
             for c in calls {
-                self.begin(cx, track, c, *ns, true)?;
+                self.begin(cx, *track, c, *ns, true)?;
             }
         }
         Ok(())
@@ -346,10 +429,11 @@ impl Writer {
 
     fn event(&mut self, cx: &mut WalkContext, ev: CallEvent) -> Result<(), ExportError> {
         let c = *ev.call();
-        let track = self.thread_track(cx, &c)?;
-        let ns = cx.trace.wall_ns(ev.tsc());
-        let t = self.threads.entry((c.pid, c.tid)).or_default();
+        let i = self.thread(cx, &c)?;
+        let ns = cx.trace.ns_since_start(ev.tsc());
+        let t = &mut self.threads[i];
         t.last_ns = ns;
+        let track = t.uuid;
         match ev {
             CallEvent::Enter(_) => {
                 t.open.push(c);
@@ -368,23 +452,50 @@ impl Writer {
 }
 
 pub(crate) fn write(input: &Path, opts: &Options, out: &Output, progress: Progress<'_>) -> Result<Vec<String>, ExportError> {
-    let mut w = Writer {
-        sink: Sink::new(out),
-        buf: Vec::with_capacity(256),
-        tracks: Vec::new(),
-        process_uuid: HashMap::new(),
-        thread_uuid: HashMap::new(),
-        threads: HashMap::new(),
-        func_module: Vec::new(),
-        modules: HashMap::new(),
-        module_names: Vec::new(),
-        name_interned: Vec::new(),
-        module_interned: Vec::new(),
-    };
+    let mut w = Writer::new(out);
     let trace = walk_selected(input, opts, "perfetto", progress, |cx, ev| w.event(cx, ev))?;
     if w.sink.at_start() {
         w.start_file()?;
     }
     w.sink.finish()?;
     Ok(trace.warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_like_prost() {
+        for (ns, track, kind) in [(0, 1, TYPE_SLICE_BEGIN), (1_795_407_036_866_440_064, 300, TYPE_SLICE_END), (127, 128, TYPE_SLICE_BEGIN)] {
+            let tail = TrackEvent {
+                name_iid: Some(70_000),
+                debug_annotations: vec![DebugAnnotation { name_iid: Some(ANN_MODULE), string_value_iid: Some(5), ..Default::default() }],
+                ..Default::default()
+            };
+            let extra = TrackEvent {
+                debug_annotations: vec![DebugAnnotation { name_iid: Some(ANN_CONTINUED), bool_value: Some(true), ..Default::default() }],
+                ..Default::default()
+            };
+            let mut fast = Vec::new();
+            slice_packet(&mut fast, ns, track, kind, &[&tail.encode_to_vec(), &extra.encode_to_vec()]);
+            let mut event = tail.clone();
+            event.debug_annotations.extend(extra.debug_annotations.clone());
+            event.r#type = Some(kind);
+            event.track_uuid = Some(track);
+            let packet = TracePacket {
+                timestamp: Some(ns),
+                trusted_packet_sequence_id: Some(SEQUENCE),
+                sequence_flags: (kind == TYPE_SLICE_BEGIN).then_some(SEQ_NEEDS_INCREMENTAL_STATE),
+                track_event: Some(event),
+                ..Default::default()
+            };
+            let mut slow = Vec::new();
+            prost::encoding::message::encode(1, &packet, &mut slow);
+            // Same length; the same message once decoded (field order may differ).
+            assert_eq!(fast.len(), slow.len());
+            let decode = |b: &[u8]| TracePacket::decode_length_delimited(&b[1..]).unwrap();
+            assert_eq!(decode(&fast), packet);
+        }
+    }
 }

@@ -54,8 +54,8 @@ def decode(path):
         if not p.HasField("track_event"):
             continue
         e = p.track_event
-        if not p.sequence_flags & NEEDS:
-            problems.append(f"packet {n}: a track event without SEQ_NEEDS_INCREMENTAL_STATE")
+        if e.HasField("name_iid") and not p.sequence_flags & NEEDS:
+            problems.append(f"packet {n}: an interned name without SEQ_NEEDS_INCREMENTAL_STATE")
         if st is None:
             problems.append(f"packet {n}: a track event before the incremental state was cleared")
             continue
