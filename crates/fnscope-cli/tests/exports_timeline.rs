@@ -483,3 +483,27 @@ fn selection_options_select_exactly() {
     assert!(total(&inside) > 5 && total(&inside) < total(&want), "{window} keeps some calls: {inside:?}");
     assert_same(&format!("--time {window}"), &got, &inside);
 }
+
+#[test]
+fn chrome_warns_past_what_viewers_open() {
+    let dir = TempDir::new("big-chrome");
+    let exe = compile_c_text(
+        dir.path(),
+        "many",
+        "__attribute__((noinline)) int tick(int i) { return i & 7; }\n\
+         int main(void) { int s = 0; for (int i = 0; i < 1100000; i++) s += tick(i); return s == 42; }\n",
+    );
+    let trace = dir.join("trace");
+    let r = Invocation::new(&exe, dir.path()).run_recorded(&trace);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let out = dir.join("many.json");
+    let r = ok(&["export", "--format", "chrome", "-i", path_str(&trace), "-o", path_str(&out)]);
+    let warning = fnscope_lines(&r.stderr).join("\n");
+    for hint in ["1100", "--format perfetto", "--time", "--split-size"] {
+        assert!(warning.contains(hint), "the warning should mention {hint:?}: {warning:?}");
+    }
+    // Split below the limit, no file is past it: no warning.
+    let r = ok(&["export", "--format", "chrome", "-i", path_str(&trace), "-o", path_str(&out), "--split-size", "50M"]);
+    assert!(fnscope_lines(&r.stderr).is_empty(), "{}", r.describe());
+    assert!(parts(dir.path(), "many", "json").len() >= 2);
+}
