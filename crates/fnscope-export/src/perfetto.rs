@@ -5,7 +5,8 @@
 //! than wall-clock ns, and every event carries one.
 //!
 //! The file is one packet sequence: its first packet clears the incremental state and
-//! describes the tracks; names and modules are interned in the packet that first needs them.
+//! describes the tracks; names and modules are interned in a packet of their own just before
+//! the first slice that names them.
 //! With a split size every file is a sequence of its own, descriptors and interning repeated,
 //! and the calls open at the cut are ended in the old file and begun again in the new one
 //! (marked `continued`).
@@ -173,7 +174,7 @@ fn varint(buf: &mut Vec<u8>, mut v: u64) {
 /// an end names nothing interned, so it goes without `sequence_flags` (2 bytes a call).
 /// Written directly because these packets are nearly all of a file, and encoding them through
 /// the message structs (nested lengths computed again at each level) took most of an
-/// export's time; the `encodes_like_prost` test checks the bytes are the same.
+/// export's time; the `encodes_like_prost` test checks they decode to the same packet.
 fn slice_packet(buf: &mut Vec<u8>, ns: u64, track: u64, kind: i32, tail: &[&[u8]]) {
     use prost::encoding::encoded_len_varint as len;
     let tail_len: usize = tail.iter().map(|t| t.len()).sum();
