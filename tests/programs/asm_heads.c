@@ -7,7 +7,8 @@
  *                                      padding: a 5-byte patch would overwrite the next one.
  *                                      short_ret (1 byte) must be skipped; the others may be
  *                                      hooked with a 2-byte jump to an island in padding
- *                                      nearby, if the compiler's layout leaves one in reach.
+ *                                      nearby, or (none is in reach here) in the moved first
+ *                                      bytes of a hooked neighbour.
  *   head_loop                          a loop jumps back to offset 2, inside a 5-byte patch:
  *                                      skipped, or hooked through an island (2 bytes).
  *   victim                             another function (jumper_in) jumps to victim+3,

@@ -51,7 +51,7 @@ pub(crate) fn replay_tree_within(
         }
         let tid = c.tid;
         let indent = "  ".repeat(c.depth.min(MAX_INDENT) as usize);
-        let dur = format_duration(cx.trace.ticks_to_ns(c.ticks()));
+        let dur = format_duration(cx.trace.duration_ns(c.entry_tsc, c.exit_tsc));
         let name = cx.names.name(c.func);
         // A call the process died in (SIGKILL, a crash) says so; other calls that did not
         // return normally were left by longjmp, an exception, exec or exit.

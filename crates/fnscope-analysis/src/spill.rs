@@ -17,8 +17,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// Calls kept in memory over all threads before the largest buffer is spilled (40 bytes each,
-/// and as much again while a buffer is put in entry order: 80 MiB). Fewer, longer runs mean
+/// Calls kept in memory over all threads before the largest buffer is spilled (48 bytes each,
+/// and as much again while a buffer is put in entry order: 96 MiB). Fewer, longer runs mean
 /// fewer merge passes through the disk, longer ones miss the cache more while being put in
 /// order: 1 Mi was quickest (256 Ki took a third longer on an 11 M-call tree, 2 Mi a fifth).
 pub(crate) const MEMORY_CALLS: usize = 1024 * 1024;
@@ -40,6 +40,9 @@ pub(crate) struct Call {
     pub func: u32,
     /// The high half of `Record::id_depth`: depth and flags.
     pub depth_flags: u32,
+    /// Image session id and function id of the record.
+    pub image: u32,
+    pub id: u32,
 }
 
 impl Call {
@@ -80,7 +83,7 @@ struct Placer {
 }
 
 impl Placer {
-    fn place(&mut self, rec: &Record, func: u32) -> Call {
+    fn place(&mut self, rec: &Record, func: u32, image: u32) -> Call {
         let own = self.next;
         self.next += 1;
         let d = rec.depth();
@@ -105,6 +108,8 @@ impl Placer {
             t_exit: rec.t_exit,
             func,
             depth_flags: (rec.id_depth >> 32) as u32,
+            image,
+            id: rec.id(),
         }
     }
 }
@@ -218,6 +223,8 @@ const ZERO: Call = Call {
     t_exit: 0,
     func: 0,
     depth_flags: 0,
+    image: 0,
+    id: 0,
 };
 
 impl<'a> RunWriter<'a> {
@@ -242,6 +249,8 @@ impl<'a> RunWriter<'a> {
         put(b, c.ticks());
         put(b, u64::from(c.func));
         put(b, u64::from(c.depth_flags));
+        put(b, u64::from(c.image));
+        put(b, u64::from(c.id));
         self.prev = *c;
         self.count += 1;
         if self.count as usize == BLOCK_CALLS {
@@ -338,6 +347,8 @@ impl<'a> RunReader<'a> {
             let t_exit = t_entry.wrapping_add(field()?);
             let func = field()? as u32;
             let depth_flags = field()? as u32;
+            let image = field()? as u32;
+            let id = field()? as u32;
             prev = Call {
                 first,
                 own,
@@ -345,6 +356,8 @@ impl<'a> RunReader<'a> {
                 t_exit,
                 func,
                 depth_flags,
+                image,
+                id,
             };
             self.calls.push(prev);
         }
@@ -459,8 +472,8 @@ pub(crate) struct ThreadCalls {
 
 impl ThreadCalls {
     /// Adds the thread's next record; true when it completed a tree (a depth-0 call).
-    pub fn push(&mut self, rec: &Record, func: u32) -> bool {
-        self.memory.push(self.placer.place(rec, func));
+    pub fn push(&mut self, rec: &Record, func: u32, image: u32) -> bool {
+        self.memory.push(self.placer.place(rec, func, image));
         rec.depth() == 0
     }
 
@@ -568,7 +581,7 @@ mod tests {
             let depths = post_order(seed * 7919, 3000);
             let mut placer = Placer::default();
             let calls: Vec<Call> =
-                depths.iter().enumerate().map(|(i, &d)| placer.place(&Record::new(i as u64, i as u64 + 1, 0, d, 0), 0)).collect();
+                depths.iter().enumerate().map(|(i, &d)| placer.place(&Record::new(i as u64, i as u64 + 1, 0, d, 0), 0, 0)).collect();
             // Buffers cut anywhere, as spills cut them.
             let mut at = 0;
             while at < calls.len() {

@@ -397,7 +397,7 @@ fn count_mode_trace_is_refused() {
         let out = dir.join(format!("out.{format}"));
         let r = fnscope_cmd(&["export", "--format", format, "-i", path_str(&trace), "-o", path_str(&out)]);
         let msg = assert_one_line_error(&r, format);
-        for hint in ["count-mode", "--format folded --counts", "fnscope flamegraph --counts", "--mode time"] {
+        for hint in ["count trace", "--format folded --counts", "fnscope flamegraph --counts", "--mode time"] {
             assert!(msg.contains(hint), "{format}: {msg:?} should mention {hint:?}");
         }
         assert!(!out.exists(), "{format}: a refused export writes no file");

@@ -747,14 +747,12 @@ fn sigkill_abrupt_end() {
 #[test]
 fn unhookable_heads_and_relocated_prologues() {
     let out = check_case(&Case::new("asm_heads.c", "asm_heads"));
-    // The skipped functions are reported by reason, with the codes of fnscope_abi::skip_reason.
+    // The skipped functions are reported by reason, with the codes of fnscope_abi::skip_reason:
+    // the 1-byte short_ret is too short for any form; the others (branch-into-patch by the
+    // 5-byte rule) are hooked through islands in a neighbour's moved bytes.
     let text = info(&out.trace);
-    for reason in ["too-short", "branch-into-patch"] {
-        assert!(
-            text.contains(reason),
-            "`fnscope info` does not list reason {reason}:\n{text}"
-        );
-    }
+    assert!(text.contains("too-short"), "`fnscope info` does not list reason too-short:\n{text}");
+    assert!(!text.contains("branch-into-patch"), "{text}");
 }
 
 #[test]

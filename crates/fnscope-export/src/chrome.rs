@@ -4,7 +4,7 @@
 //! names as metadata events. With a split size each file is a whole JSON document with the
 //! names repeated, and a call goes to the file its end falls in.
 
-use crate::timeline::{process_name, walk_selected, Sink};
+use crate::timeline::{process_name, walk_selected, SplitSink};
 use crate::{ExportError, Options, Output, Progress};
 use fnscope_analysis::{CallEvent, CallInfo, Ending, Trace, WalkContext};
 use std::collections::{HashMap, HashSet};
@@ -23,7 +23,7 @@ struct FuncJson {
 }
 
 struct Writer {
-    sink: Sink,
+    sink: SplitSink,
     buf: Vec<u8>,
     /// `otherData` of every file.
     other: String,
@@ -51,7 +51,7 @@ fn micros(buf: &mut Vec<u8>, ns: u64) {
 impl Writer {
     fn new(out: &Output) -> Writer {
         Writer {
-            sink: Sink::new(out),
+            sink: SplitSink::new(out),
             buf: Vec::with_capacity(512),
             other: String::new(),
             names: Vec::new(),
@@ -186,7 +186,7 @@ impl Writer {
 
 pub(crate) fn write(input: &Path, opts: &Options, out: &Output, progress: Progress<'_>) -> Result<Vec<String>, ExportError> {
     let mut w = Writer::new(out);
-    let trace = walk_selected(input, opts, "chrome", progress, |cx, ev| w.event(cx, ev))?;
+    let trace = walk_selected(input, opts, "a Chrome trace-event timeline", progress, |cx, ev| w.event(cx, ev))?;
     w.other_data(&trace);
     if w.sink.at_start() && w.files == 0 {
         w.open_file()?;

@@ -17,6 +17,7 @@ mod folded;
 mod perfetto;
 mod select;
 mod speedscope;
+mod stacks;
 mod timeline;
 
 pub use select::{parse_time_window, Selector};
@@ -152,4 +153,21 @@ pub fn callgraph(
     progress: Progress<'_>,
 ) -> Result<Vec<String>, ExportError> {
     callgraph::write(input, opts, out, progress)
+}
+
+/// Refuses a trace without call times (count mode, merged runs) for `what` needs them.
+pub(crate) fn require_times(input: &Path, what: &str) -> Result<(), ExportError> {
+    let mut r = fnscope_format::TraceReader::open(input).map_err(AnalysisError::from)?;
+    if let Ok(Some(fnscope_format::Chunk::Meta(m))) = r.next_chunk() {
+        if m.mode == "count" || m.mode == "merged" {
+            return Err(ExportError::Unsupported(format!(
+                "{} is a {} trace: it holds how often functions ran, not when, which {what} needs; \
+                 `fnscope export --format folded --counts` and `fnscope flamegraph --counts` work \
+                 with it, or record with the default --mode time",
+                input.display(),
+                m.mode
+            )));
+        }
+    }
+    Ok(())
 }

@@ -11,7 +11,7 @@
 //! and the calls open at the cut are ended in the old file and begun again in the new one
 //! (marked `continued`).
 
-use crate::timeline::{process_name, walk_selected, Sink};
+use crate::timeline::{process_name, walk_selected, SplitSink};
 use crate::{ExportError, Options, Output, Progress};
 use fnscope_analysis::{CallEvent, CallInfo, Ending, WalkContext};
 use prost::Message;
@@ -200,7 +200,7 @@ fn slice_packet(buf: &mut Vec<u8>, ns: u64, track: u64, kind: i32, tail: &[&[u8]
 }
 
 struct Writer {
-    sink: Sink,
+    sink: SplitSink,
     buf: Vec<u8>,
     /// Processes' and threads' tracks, in the order met (uuid: index + 1).
     tracks: Vec<TrackDescriptor>,
@@ -220,7 +220,7 @@ struct Writer {
 impl Writer {
     fn new(out: &Output) -> Writer {
         Writer {
-            sink: Sink::new(out),
+            sink: SplitSink::new(out),
             buf: Vec::with_capacity(256),
             tracks: Vec::new(),
             process_uuid: HashMap::new(),
@@ -454,7 +454,7 @@ impl Writer {
 
 pub(crate) fn write(input: &Path, opts: &Options, out: &Output, progress: Progress<'_>) -> Result<Vec<String>, ExportError> {
     let mut w = Writer::new(out);
-    let trace = walk_selected(input, opts, "perfetto", progress, |cx, ev| w.event(cx, ev))?;
+    let trace = walk_selected(input, opts, "a Perfetto timeline", progress, |cx, ev| w.event(cx, ev))?;
     if w.sink.at_start() {
         w.start_file()?;
     }

@@ -1,5 +1,5 @@
-//! What the timeline exports (Perfetto, Chrome trace events) share: the check that the
-//! trace has times, the names of processes and threads, and output files that can be split.
+//! What the timeline exports (Perfetto, Chrome trace events) share: the walk through the
+//! selection, the names of processes and threads, and output files that can be split.
 
 use crate::{ExportError, Options, Output, Progress, Selector};
 use fnscope_analysis::{walk_calls, AnalysisError, CallEvent, Order, Trace, WalkContext};
@@ -9,47 +9,32 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-/// Refuses traces without per-call times: count-mode recordings and merged traces hold
-/// totals only, so there is no call to draw on a timeline.
-pub(crate) fn require_times(trace: &Trace, format: &str) -> Result<(), ExportError> {
-    let what = match trace.meta.mode.as_str() {
-        "count" => "a count-mode recording (calls counted, not timed)",
-        fnscope_analysis::MODE_MERGED => "a merged trace (totals of several runs)",
-        _ => return Ok(()),
-    };
-    Err(ExportError::Unsupported(format!(
-        "--format {format} draws each call on a timeline, but this is {what}: it has no calls \
-         with times. Use `fnscope export --format folded --counts` or `fnscope flamegraph \
-         --counts` for its call counts, or record again with `--mode time`"
-    )))
-}
-
 /// How many calls between two progress reports.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
 /// Walks the calls of `input` that `opts` selects, in [`Order::Completed`] (least held),
-/// handing each selected entry and exit to `visit`; refuses a trace without times before the
-/// first. Returns the trace as read.
+/// handing each selected entry and exit to `visit`, after refusing a trace without times
+/// (`what` needs them). Returns the trace as read.
 pub(crate) fn walk_selected(
     input: &Path,
     opts: &Options,
-    format: &str,
+    what: &str,
     progress: Progress<'_>,
     mut visit: impl FnMut(&mut WalkContext, CallEvent) -> Result<(), ExportError>,
 ) -> Result<Trace, ExportError> {
+    crate::require_times(input, what)?;
     let mut selector = Selector::new(opts)?;
     let mut failed = None;
     let mut events = 0u64;
     let walked = walk_calls(input, &opts.selection, Order::Completed, |cx, ev| {
-        let step = if events == 0 { require_times(&cx.trace, format) } else { Ok(()) };
         events += 1;
         if events % PROGRESS_EVERY == 0 {
             progress(cx.bytes_read, cx.trace.bytes);
         }
-        let step = step.and_then(|_| match selector.select(cx, ev) {
+        let step = match selector.select(cx, ev) {
             Some(ev) => visit(cx, ev),
             None => Ok(()),
-        });
+        };
         step.map_err(|e| {
             failed = Some(e);
             // Only stops the walk: the error returned is the one kept in `failed`.
@@ -60,7 +45,6 @@ pub(crate) fn walk_selected(
         return Err(e);
     }
     let trace = walked?;
-    require_times(&trace, format)?;
     progress(trace.bytes, trace.bytes);
     Ok(trace)
 }
@@ -150,7 +134,7 @@ impl Part {
 /// The output: standard output or a file, or with a split size numbered files
 /// (`NAME.1.EXT`, `NAME.2.EXT`, ...), opened when first written to so that a refused export
 /// leaves nothing behind.
-pub(crate) struct Sink {
+pub(crate) struct SplitSink {
     out: Output,
     /// Number of the current part (0 before the first; always 1 when not splitting).
     part: u32,
@@ -160,9 +144,9 @@ pub(crate) struct Sink {
     written: u64,
 }
 
-impl Sink {
-    pub(crate) fn new(out: &Output) -> Sink {
-        Sink { out: out.clone(), part: 0, file: None, pending: Vec::new(), written: 0 }
+impl SplitSink {
+    pub(crate) fn new(out: &Output) -> SplitSink {
+        SplitSink { out: out.clone(), part: 0, file: None, pending: Vec::new(), written: 0 }
     }
 
     fn path_of(&self, part: u32) -> Option<PathBuf> {
