@@ -429,7 +429,7 @@ impl<'a> Merge<'a> {
 /// callees) arrived innermost first and go outermost first. Calls whose subtree starts
 /// earlier all contain the first call held: a chain of its callers, no longer than the
 /// depth, sorted ahead of the rest.
-fn sort_entry_order(calls: &mut Vec<Call>) {
+fn sort_entry_order(calls: &mut [Call]) {
     let n = calls.len();
     let base = calls.first().map_or(0, |c| c.own);
     if n > u32::MAX as usize / 2 || calls.iter().enumerate().any(|(i, c)| c.own != base + i as u64) {
@@ -438,27 +438,36 @@ fn sort_entry_order(calls: &mut Vec<Call>) {
     }
     let mut earlier: Vec<u32> = (0..n as u32).filter(|&i| calls[i as usize].first < base).collect();
     earlier.sort_unstable_by_key(|&i| calls[i as usize].key());
-    // `end[b + 1]`: where bucket `b` (first = base + b) ends, filled from there down.
-    let mut end = vec![0u32; n + 1];
-    for c in calls.iter().filter(|c| c.first >= base) {
-        end[(c.first - base) as usize + 1] += 1;
+    thread_local! {
+        /// Bucket ends and the scattered copy, kept from one buffer to the next: fresh ones
+        /// were tens of megabytes of page faults at every spill, a third of a walk's time.
+        static SCRATCH: std::cell::RefCell<(Vec<u32>, Vec<Call>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
-    end[0] = earlier.len() as u32;
-    for b in 1..=n {
-        end[b] += end[b - 1];
-    }
-    // Scattered into a copy: moving calls in place along the permutation's cycles was twice
-    // as slow (each move waits for the previous one's cache miss).
-    let mut sorted = vec![ZERO; n];
-    for (k, &i) in earlier.iter().enumerate() {
-        sorted[k] = calls[i as usize];
-    }
-    for c in calls.iter().filter(|c| c.first >= base) {
-        let e = &mut end[(c.first - base) as usize + 1];
-        *e -= 1;
-        sorted[*e as usize] = *c;
-    }
-    *calls = sorted;
+    SCRATCH.with_borrow_mut(|(end, sorted)| {
+        // `end[b + 1]`: where bucket `b` (first = base + b) ends, filled from there down.
+        end.clear();
+        end.resize(n + 1, 0);
+        for c in calls.iter().filter(|c| c.first >= base) {
+            end[(c.first - base) as usize + 1] += 1;
+        }
+        end[0] = earlier.len() as u32;
+        for b in 1..=n {
+            end[b] += end[b - 1];
+        }
+        // Scattered into a copy: moving calls in place along the permutation's cycles was
+        // twice as slow (each move waits for the previous one's cache miss).
+        sorted.clear();
+        sorted.resize(n, ZERO);
+        for (k, &i) in earlier.iter().enumerate() {
+            sorted[k] = calls[i as usize];
+        }
+        for c in calls.iter().filter(|c| c.first >= base) {
+            let e = &mut end[(c.first - base) as usize + 1];
+            *e -= 1;
+            sorted[*e as usize] = *c;
+        }
+        calls.copy_from_slice(sorted);
+    });
 }
 
 /// One thread's calls waiting to be read in entry order.
