@@ -18,10 +18,8 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 /// Calls kept in memory over all threads before the largest buffer is spilled (48 bytes each,
-/// and as much again while a buffer is put in entry order: 96 MiB). Fewer, longer runs mean
-/// fewer merge passes through the disk, longer ones miss the cache more while being put in
-/// order: 1 Mi was quickest (256 Ki took a third longer on an 11 M-call tree, 2 Mi a fifth).
-pub(crate) const MEMORY_CALLS: usize = 1024 * 1024;
+/// and as much again while a buffer is put in entry order): `replay` stays within 48 MB.
+pub(crate) const MEMORY_CALLS: usize = 256 * 1024;
 /// Runs of one level merged into one run of the next level.
 const FAN: usize = 16;
 /// Calls per block of a spilled run: the unit a reader decodes at a time.
