@@ -225,9 +225,16 @@ fn assert_same(what: &str, got: &Threads, want: &Threads) {
     }
 }
 
-/// A Chrome trace-event file's complete events per thread, in start order with their depth,
-/// after checking the metadata names the process and its threads.
+/// A Chrome trace-event file's complete events per thread, in start order with their depth.
 fn chrome_threads(path: &Path, start_ns: u64) -> Threads {
+    let mut t = chrome_events(path, start_ns);
+    t.values_mut().for_each(|v| nest(v));
+    t
+}
+
+/// A Chrome trace-event file's complete events per thread, in file order (depth 0), after
+/// checking the metadata names the process and its threads.
+fn chrome_events(path: &Path, start_ns: u64) -> Threads {
     let doc: Value = serde_json::from_slice(&fs::read(path).unwrap())
         .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
     let mut named = BTreeMap::new();
@@ -253,17 +260,20 @@ fn chrome_threads(path: &Path, start_ns: u64) -> Threads {
         }
     }
     assert_eq!(named.get(&("process_name".to_string(), 0)).map(String::as_str), Some("timeline"), "{}", path.display());
-    for (tid, slices) in &mut out {
+    for tid in out.keys() {
         assert_eq!(named.get(&("thread_name".to_string(), *tid)), Some(&format!("timeline {tid}")), "{}", path.display());
-        nest(slices);
     }
     out
 }
 
-/// Puts one thread's complete events in start order (a caller before its first callee) and
-/// gives each its depth: the events still open when it starts.
-fn nest(slices: &mut [Slice]) {
-    slices.sort_by_key(|s| (s.begin, std::cmp::Reverse(s.end)));
+/// Puts one thread's complete events, given in file order, in start order (a caller before
+/// its first callee) and gives each its depth: the events still open when it starts. A call
+/// is written when it ends, after its callees: between events with the same times (calls cut
+/// to the same `--time` window), the later is the caller.
+fn nest(slices: &mut Vec<Slice>) {
+    let mut keyed: Vec<(usize, Slice)> = std::mem::take(slices).into_iter().enumerate().collect();
+    keyed.sort_by_key(|(i, s)| (s.begin, std::cmp::Reverse(s.end), std::cmp::Reverse(*i)));
+    *slices = keyed.into_iter().map(|(_, s)| s).collect();
     let mut ends: Vec<u64> = Vec::new();
     for s in slices.iter_mut() {
         while ends.last().is_some_and(|&e| e <= s.begin) {
@@ -381,7 +391,7 @@ fn split_files_each_open_on_their_own() {
     assert!(files.len() >= 3, "2K pieces: {files:?}");
     let mut all: Threads = BTreeMap::new();
     for f in &files {
-        for (tid, v) in chrome_threads(f, start) {
+        for (tid, v) in chrome_events(f, start) {
             all.entry(tid).or_default().extend(v);
         }
     }
