@@ -301,10 +301,24 @@ fn main() {
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("fnscope: error: {e:#}");
+            eprintln!("fnscope: error: {}", one_line(&e));
             std::process::exit(2);
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: many errors already say their
+/// cause (`cannot write x: No space left on device`), and `{:#}` would repeat it.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            line.push_str(": ");
+            line.push_str(&c);
+        }
+    }
+    line
 }
 
 fn run(cli: Cli) -> Result<i32> {

@@ -18,6 +18,7 @@ mod perfetto;
 mod select;
 mod speedscope;
 mod stacks;
+mod timeline;
 
 pub use select::{parse_time_window, Selector};
 

@@ -88,7 +88,12 @@ pub struct Selector {
     window_ns: (Option<u64>, Option<u64>),
     /// The window in TSC ticks, once the calibration is known.
     window: Option<(u64, u64)>,
-    threads: HashMap<(u32, u32), ThreadState>,
+    /// Each thread's state, by index in `thread_index`.
+    threads: Vec<ThreadState>,
+    thread_index: HashMap<(u32, u32), usize>,
+    /// The thread of the previous event: consecutive events are mostly of one thread, and
+    /// hashing its key at every event was a tenth of an export's time.
+    last: Option<((u32, u32), usize)>,
 }
 
 impl Selector {
@@ -108,7 +113,9 @@ impl Selector {
             min_duration_ns: opts.min_duration_ns,
             window_ns: opts.window,
             window: None,
-            threads: HashMap::new(),
+            threads: Vec::new(),
+            thread_index: HashMap::new(),
+            last: None,
         })
     }
 
@@ -120,7 +127,20 @@ impl Selector {
             (self.window_ns.0.map_or(0, to_tsc), self.window_ns.1.map_or(u64::MAX, to_tsc))
         });
         let c = *ev.call();
-        let th = self.threads.entry((c.pid, c.tid)).or_default();
+        let key = (c.pid, c.tid);
+        let i = match self.last {
+            Some((k, i)) if k == key => i,
+            _ => {
+                let threads = &mut self.threads;
+                let i = *self.thread_index.entry(key).or_insert_with(|| {
+                    threads.push(ThreadState::default());
+                    threads.len() - 1
+                });
+                self.last = Some((key, i));
+                i
+            }
+        };
+        let th = &mut self.threads[i];
         match ev {
             CallEvent::Enter(_) => {
                 let matched = !self.filter.is_empty() && self.filter.matches(cx, c.func);
