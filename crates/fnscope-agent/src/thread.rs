@@ -769,14 +769,23 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
         let matched = core::ptr::read(k as *const ShadowEntry);
         let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
         let on_stack = |a: u64| a >= lo && a < hi;
+        let dead = |e: &ShadowEntry| (e.slot < rsp && on_stack(rsp) && on_stack(e.slot)) || (!on_stack(e.slot) && gone_stack(e.slot));
+        // Deepest first: records are in the order calls end, which places each in its
+        // caller's subtree when the trace is read.
+        let mut r = top;
+        while r > k + 32 {
+            r -= 32;
+            let e = core::ptr::read(r as *const ShadowEntry);
+            if dead(&e) {
+                let depth = ((r - base) / 32) as u32;
+                emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
+            }
+        }
         let mut w = k;
         let mut r = k + 32;
         while r < top {
             let e = core::ptr::read(r as *const ShadowEntry);
-            if (e.slot < rsp && on_stack(rsp) && on_stack(e.slot)) || (!on_stack(e.slot) && gone_stack(e.slot)) {
-                let depth = ((r - base) / 32) as u32;
-                emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
-            } else {
+            if !dead(&e) {
                 core::ptr::write(w as *mut ShadowEntry, e);
                 w += 32;
             }

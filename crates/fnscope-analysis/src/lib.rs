@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+mod calls;
 mod coverage;
 mod coverage_html;
 mod diff;
@@ -19,6 +20,9 @@ mod replay;
 mod report;
 mod spill;
 
+pub use calls::{
+    walk_calls, CallEvent, CallInfo, Ending, FunctionNames, Order, Selection, WalkContext,
+};
 pub use coverage::{
     coverage, coverage_json, render_coverage_text, Coverage, CoveredFunction, FileCoverage,
     FunctionStatus, ModuleCoverage, Sources,
@@ -107,7 +111,10 @@ pub struct Trace {
     pub segments_read: u64,
     /// Records read.
     pub records: u64,
-    /// Bytes of the trace file read.
+    /// Records each thread `(pid, tid)` dropped because the shared buffer was full (threads
+    /// that dropped none are not listed).
+    pub lost_by_thread: BTreeMap<(u32, u32), u64>,
+    /// Bytes of the trace file read (so far, during a [`scan`]).
     pub bytes: u64,
     /// Problems the user should know about, in plain words.
     pub warnings: Vec<String>,
@@ -137,6 +144,13 @@ impl Trace {
     /// Nanoseconds from the start of the recording to time-stamp `tsc` (0 if earlier).
     pub fn ns_since_start(&self, tsc: u64) -> u64 {
         self.ticks_to_ns(tsc.saturating_sub(self.meta.tsc_at_start))
+    }
+
+    /// The duration of a call that every call-by-call view (replay, the exports) shows: the
+    /// difference of its ends, each in ns since the start. (Per call it can differ by 1 ns
+    /// from [`Trace::ticks_to_ns`] of its ticks, which `report` sums.)
+    pub fn duration_ns(&self, entry_tsc: u64, exit_tsc: u64) -> u64 {
+        self.ns_since_start(exit_tsc).saturating_sub(self.ns_since_start(entry_tsc))
     }
 
     /// Wall-clock time of time-stamp `tsc`, in nanoseconds since the Unix epoch.
@@ -191,6 +205,10 @@ fn pass(
             Ok(Some(Chunk::Events(seg))) => {
                 t.segments_read += 1;
                 t.records += seg.records.len() as u64;
+                if seg.lost > 0 {
+                    *t.lost_by_thread.entry((seg.pid, seg.tid)).or_default() += seg.lost;
+                }
+                t.bytes = r.offset();
                 f(&t, &seg);
             }
             Ok(Some(Chunk::End(e))) => t.end = Some(e),

@@ -1,9 +1,10 @@
-//! Per-function and per-thread statistics, computed in one streaming pass.
+//! Per-function and per-thread statistics, computed in one streaming pass over the calls
+//! in the order they returned ([`crate::walk_calls`] with [`Order::Returned`]).
 
+use crate::calls::{walk_calls, CallInfo, Order, Selection};
 use crate::names::Names;
 use crate::profile::{basename, Profile};
-use crate::{format_duration, scan, ticks_to_ns, AnalysisError, Trace};
-use fnscope_format::ThreadSegment;
+use crate::{format_duration, ticks_to_ns, AnalysisError, Trace};
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -253,17 +254,43 @@ pub(crate) struct Aggregates {
     per_sid: HashMap<u32, IdAggs>,
     pub threads: HashMap<(u32, u32), ThreadAcc>,
     per_thread: bool,
+    /// The counters of the image and the thread of the latest call, taken out of the maps
+    /// while calls of the same ones follow (a segment's worth): no lookup per call.
+    image: Option<(u32, IdAggs)>,
+    thread: Option<((u32, u32), ThreadAcc)>,
 }
 
 impl Aggregates {
-    fn add_segment(&mut self, seg: &ThreadSegment) {
-        let ids = self.per_sid.entry(seg.image_sid).or_default();
-        let th = self.threads.entry((seg.pid, seg.tid)).or_default();
-        th.lost += seg.lost;
-        th.calls += seg.records.len() as u64;
-        for r in &seg.records {
-            let d = r.depth();
-            let dur = r.ticks();
+    /// Puts the counters in use back into the maps.
+    fn settle(&mut self) {
+        if let Some((k, v)) = self.image.take() {
+            self.per_sid.insert(k, v);
+        }
+        if let Some((k, v)) = self.thread.take() {
+            self.threads.insert(k, v);
+        }
+    }
+
+    fn add(&mut self, c: &CallInfo) {
+        if self.image.as_ref().is_none_or(|(k, _)| *k != c.image) {
+            if let Some((k, v)) = self.image.take() {
+                self.per_sid.insert(k, v);
+            }
+            self.image = Some((c.image, self.per_sid.remove(&c.image).unwrap_or_default()));
+        }
+        let key = (c.pid, c.tid);
+        if self.thread.as_ref().is_none_or(|(k, _)| *k != key) {
+            if let Some((k, v)) = self.thread.take() {
+                self.threads.insert(k, v);
+            }
+            self.thread = Some((key, self.threads.remove(&key).unwrap_or_default()));
+        }
+        let ids = &mut self.image.as_mut().expect("set above").1;
+        let th = &mut self.thread.as_mut().expect("set above").1;
+        th.calls += 1;
+        {
+            let d = c.depth;
+            let dur = c.ticks();
             let mut children = 0;
             while let Some(&(cd, sum)) = th.children.last() {
                 if cd <= d {
@@ -279,15 +306,12 @@ impl Aggregates {
                 _ => th.children.push((d, dur)),
             }
             let self_t = dur.saturating_sub(children);
-            ids.get(r.id()).add(dur, self_t);
+            ids.get(c.id).add(dur, self_t);
             if self.per_thread {
-                th.funcs
-                    .entry((seg.image_sid, r.id()))
-                    .or_default()
-                    .add(dur, self_t);
+                th.funcs.entry((c.image, c.id)).or_default().add(dur, self_t);
             }
-            th.first_tsc = th.first_tsc.min(r.t_entry);
-            th.last_tsc = th.last_tsc.max(r.t_exit);
+            th.first_tsc = th.first_tsc.min(c.entry_tsc);
+            th.last_tsc = th.last_tsc.max(c.exit_tsc);
         }
     }
 
@@ -324,7 +348,8 @@ impl Aggregates {
     }
 }
 
-/// One streaming pass gathering per-function and per-thread counters.
+/// One streaming pass gathering per-function and per-thread counters from the calls in the
+/// order they returned.
 pub(crate) fn aggregate(
     path: &Path,
     per_thread: bool,
@@ -333,7 +358,14 @@ pub(crate) fn aggregate(
         per_thread,
         ..Aggregates::default()
     };
-    let trace = scan(path, |_, seg| agg.add_segment(seg))?;
+    let trace = walk_calls(path, &Selection::default(), Order::Returned, |_, ev| {
+        agg.add(ev.call());
+        Ok(())
+    })?;
+    agg.settle();
+    for (&key, &lost) in &trace.lost_by_thread {
+        agg.threads.entry(key).or_default().lost = lost;
+    }
     Ok((trace, agg))
 }
 

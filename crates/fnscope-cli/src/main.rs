@@ -1,6 +1,7 @@
 //! `fnscope`: function-level tracing and profiling of unmodified native programs.
 
 mod agent_lib;
+mod export;
 mod funcs;
 mod record;
 
@@ -157,6 +158,52 @@ enum Command {
         #[arg(short = 'i', long = "input", default_value = "fnscope.data")]
         input: PathBuf,
     },
+    /// Write the trace for another viewer: Perfetto, Chrome trace events, speedscope, the
+    /// Firefox Profiler, or folded stacks for flame-graph tools.
+    Export {
+        /// The file format.
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Folded stacks: weigh each stack by its calls instead of its self time.
+        #[arg(long, conflicts_with = "self_time")]
+        counts: bool,
+        /// Folded stacks: weigh each stack by the time spent in its last function itself
+        /// (the default, under which a frame's width in a flame graph is its total time).
+        #[arg(long = "self")]
+        self_time: bool,
+        #[command(flatten)]
+        common: export::Common,
+    },
+    /// Write an interactive SVG flame graph of the calls (an icicle graph with --reverse).
+    Flamegraph {
+        /// Widths by calls instead of time.
+        #[arg(long)]
+        counts: bool,
+        /// Roots at the top, stacks growing down (icicle graph).
+        #[arg(long)]
+        reverse: bool,
+        #[command(flatten)]
+        common: export::Common,
+    },
+    /// Write the caller -> callee graph (graphviz DOT) with calls and time per edge.
+    Callgraph {
+        #[command(flatten)]
+        common: export::Common,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExportFormat {
+    /// Perfetto protobuf (ui.perfetto.dev).
+    Perfetto,
+    /// Chrome trace-event JSON.
+    Chrome,
+    /// speedscope evented profiles, one per thread.
+    Speedscope,
+    /// Firefox Profiler processed profile.
+    Firefox,
+    /// Collapsed stacks (`a;b;c N`).
+    Folded,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -254,10 +301,24 @@ fn main() {
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("fnscope: error: {e:#}");
+            eprintln!("fnscope: error: {}", one_line(&e));
             std::process::exit(2);
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: many errors already say their
+/// cause (`cannot write x: No space left on device`), and `{:#}` would repeat it.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            line.push_str(": ");
+            line.push_str(&c);
+        }
+    }
+    line
 }
 
 fn run(cli: Cli) -> Result<i32> {
@@ -365,6 +426,26 @@ fn run(cli: Cli) -> Result<i32> {
             print!("{}", fnscope_analysis::render_info_text(&i));
             Ok(0)
         }
+        Command::Export { format, counts, self_time: _, common } => {
+            let format = match format {
+                ExportFormat::Perfetto => fnscope_export::Format::Perfetto,
+                ExportFormat::Chrome => fnscope_export::Format::Chrome,
+                ExportFormat::Speedscope => fnscope_export::Format::Speedscope,
+                ExportFormat::Firefox => fnscope_export::Format::Firefox,
+                ExportFormat::Folded => fnscope_export::Format::Folded,
+            };
+            if counts && format != fnscope_export::Format::Folded {
+                bail!("--counts applies to --format folded only");
+            }
+            let weight = if counts { fnscope_export::Weight::Calls } else { fnscope_export::Weight::SelfTime };
+            export::run(&common, |input, opts, out, progress| fnscope_export::export(input, format, opts, weight, out, progress))
+        }
+        Command::Flamegraph { counts, reverse, common } => {
+            let weight = if counts { fnscope_export::Weight::Calls } else { fnscope_export::Weight::SelfTime };
+            let flame = fnscope_export::FlameOptions { weight, reverse };
+            export::run(&common, |input, opts, out, progress| fnscope_export::flamegraph(input, opts, &flame, out, progress))
+        }
+        Command::Callgraph { common } => export::run(&common, fnscope_export::callgraph),
     }
 }
 
