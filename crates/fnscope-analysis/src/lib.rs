@@ -153,6 +153,18 @@ impl Trace {
         self.ns_since_start(exit_tsc).saturating_sub(self.ns_since_start(entry_tsc))
     }
 
+    /// The name thread `tid` of process `pid` had when the recorder last looked, if it saw
+    /// it running (from END).
+    pub fn thread_name(&self, pid: u32, tid: u32) -> Option<&str> {
+        let names = &self.end.as_ref()?.threads;
+        names.iter().find(|t| t.pid == pid && t.tid == tid).map(|t| t.name.as_str())
+    }
+
+    /// A thread's label in the viewers: its name (else `program`), then its id.
+    pub fn thread_label(&self, pid: u32, tid: u32, program: &str) -> String {
+        format!("{} {tid}", self.thread_name(pid, tid).unwrap_or(program))
+    }
+
     /// Wall-clock time of time-stamp `tsc`, in nanoseconds since the Unix epoch.
     pub fn wall_ns(&self, tsc: u64) -> u64 {
         let delta = tsc as i128 - self.meta.tsc_at_start as i128;

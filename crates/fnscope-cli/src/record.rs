@@ -7,7 +7,7 @@ use fnscope_abi::{
     CHUNK_FULL, CHUNK_HEADER_SIZE, CHUNK_OWNED, RECORD_SIZE,
 };
 use fnscope_format::{EndInfo, Meta, TraceWriter};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -321,9 +321,22 @@ struct Recorder {
     pids: BTreeSet<u32>,
     calls: u64,
     images_checked: bool,
+    /// Thread names as last read, by (pid, tid).
+    thread_names: BTreeMap<(u32, u32), String>,
 }
 
 impl Recorder {
+    /// Reads the name of thread `tid` of `pid` while it runs (a program names its threads
+    /// after they start, so a later reading wins). A thread that is gone keeps what was read.
+    fn name_thread(&mut self, pid: u32, tid: u32) {
+        if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+            let name = name.trim_end_matches('\n');
+            if !name.is_empty() && self.thread_names.get(&(pid, tid)).is_none_or(|n| n != name) {
+                self.thread_names.insert((pid, tid), name.to_string());
+            }
+        }
+    }
+
     /// Copies every image table the agents have written or extended since the last look.
     fn copy_images(&mut self) -> Result<()> {
         let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else { return Ok(()) };
@@ -357,6 +370,11 @@ impl Recorder {
         if !self.images_written.contains(&sid) || !self.images_checked {
             self.copy_images()?;
             self.images_checked = true;
+        }
+        // A name is read when the thread's first chunk comes, and again now and then (one
+        // file read per 64 chunks) in case the program renames it.
+        if extra_flags & CHUNK_FLAG_ABANDONED == 0 && (seq % 64 == 0 || !self.thread_names.contains_key(&(pid, tid))) {
+            self.name_thread(pid, tid);
         }
         let recs = self.region.records(i, n);
         self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
@@ -443,6 +461,10 @@ impl Recorder {
                 (std::ptr::read_volatile(&h.closed), h.image_sid, h.pid, h.tid)
             };
             if !all && process_alive(pid) {
+                // Threads that run long without filling a chunk get their name here.
+                if !self.thread_names.contains_key(&(pid, tid)) {
+                    self.name_thread(pid, tid);
+                }
                 continue;
             }
             if closed == 0 {
@@ -564,7 +586,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();
     let child_pid = child.id() as libc::pid_t;
-    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), image_stamps: HashMap::new(), images_checked: false, pids: BTreeSet::new(), calls: 0 };
+    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), image_stamps: HashMap::new(), images_checked: false, pids: BTreeSet::new(), calls: 0, thread_names: BTreeMap::new() };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
     loop {
@@ -626,6 +648,12 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         lost_records: lost,
         unmatched_returns: rec.region.unmatched_returns(),
         processes: rec.pids.iter().copied().collect(),
+        threads: rec
+            .thread_names
+            .iter()
+            .filter(|((pid, _), _)| rec.pids.contains(pid))
+            .map(|(&(pid, tid), name)| fnscope_format::ThreadName { pid, tid, name: name.clone() })
+            .collect(),
     })?;
     rec.writer.flush()?;
     let (hooked, skipped) = count_hooks(&rec.images_written, &rec);

@@ -517,3 +517,64 @@ fn chrome_warns_past_what_viewers_open() {
     assert!(fnscope_lines(&r.stderr).is_empty(), "{}", r.describe());
     assert!(parts(dir.path(), "many", "json").len() >= 2);
 }
+
+/// Threads the program names itself (`pthread_setname_np`): the recorder reads the names
+/// while the threads run, and every timeline viewer labels their tracks with them.
+#[test]
+fn thread_names_label_the_tracks() {
+    let dir = TempDir::new("export-thread-names");
+    let src = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <unistd.h>
+__attribute__((noinline)) int step(int x) { return x * 3 + 1; }
+static void *run(void *name) {
+    pthread_setname_np(pthread_self(), (const char *)name);
+    int s = 0;
+    for (int i = 0; i < 1000; i++) s += step(i);
+    usleep(300000); /* the recorder looks at running threads every 100 ms */
+    for (int i = 0; i < 1000; i++) s += step(i);
+    return (void *)(long)s;
+}
+int main(void) {
+    pthread_t a, b;
+    pthread_create(&a, 0, run, "alpha-worker");
+    pthread_create(&b, 0, run, "beta-worker");
+    pthread_join(a, 0);
+    pthread_join(b, 0);
+    return 0;
+}
+"#;
+    let exe = compile_c_text(dir.path(), "named", src);
+    let trace = dir.join("trace");
+    let r = Invocation::new(&exe, dir.path()).run_recorded(&trace);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let chrome = dir.join("t.json");
+    ok(&["export", "--format", "chrome", "-i", path_str(&trace), "-o", path_str(&chrome)]);
+    let v: Value = serde_json::from_slice(&fs::read(&chrome).unwrap()).unwrap();
+    let mut labels: Vec<String> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| {
+            let label = e["args"]["name"].as_str().unwrap().to_string();
+            assert!(label.ends_with(&format!(" {}", e["tid"])), "{label} names thread {}", e["tid"]);
+            label.rsplit_once(' ').unwrap().0.to_string()
+        })
+        .collect();
+    labels.sort();
+    assert_eq!(labels, ["alpha-worker", "beta-worker", "named"]);
+    let pf = dir.join("t.pftrace");
+    ok(&["export", "--format", "perfetto", "-i", path_str(&trace), "-o", path_str(&pf)]);
+    let names: Vec<String> = decode_perfetto(&[pf])[0]["tracks"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["kind"] != "process")
+        .map(|t| t["name"].as_str().unwrap().rsplit_once(' ').unwrap().0.to_string())
+        .collect();
+    for want in ["alpha-worker", "beta-worker"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+}

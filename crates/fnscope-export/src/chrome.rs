@@ -135,7 +135,7 @@ impl Writer {
             "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":{}}}}}",
             c.pid,
             c.tid,
-            json(&format!("{pname} {}", c.tid))
+            json(&cx.trace.thread_label(c.pid, c.tid, &pname))
         ));
         for m in new {
             if !self.sink.at_start() {

@@ -49,7 +49,7 @@ impl Builder {
                 .entry(pid)
                 .or_insert_with(|| profile.add_process(&exe, pid, Timestamp::from_nanos_since_reference(at)));
             let handle = profile.add_thread(process, tid, Timestamp::from_nanos_since_reference(at), tid == pid);
-            profile.set_thread_name(handle, &format!("{exe} {tid}"));
+            profile.set_thread_name(handle, &cx.trace.thread_label(pid, tid, &exe));
             Sampled { handle, stacks: Vec::new(), since: at, current: None }
         })
     }

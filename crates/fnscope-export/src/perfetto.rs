@@ -318,7 +318,7 @@ impl Writer {
             thread: Some(ThreadDescriptor {
                 pid: Some(c.pid as i32),
                 tid: Some(i64::from(c.tid)),
-                thread_name: Some(format!("{name} {}", c.tid)),
+                thread_name: Some(cx.trace.thread_label(c.pid, c.tid, &name)),
             }),
             ..Default::default()
         })?;

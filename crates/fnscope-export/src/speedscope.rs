@@ -72,6 +72,7 @@ pub(crate) fn write(
         } else {
             'C'
         };
+        let thread = cx.trace.thread_name(c.pid, c.tid).unwrap_or(&program);
         let w = sink.w();
         let mut event = || {
             match &mut current {
@@ -89,7 +90,7 @@ pub(crate) fn write(
                         start: at,
                         end: at,
                     });
-                    let name = json(&format!("{program} tid {} (pid {})", c.tid, c.pid));
+                    let name = json(&format!("{thread} tid {} (pid {})", c.tid, c.pid));
                     write!(w, "{{\"type\":\"evented\",\"name\":{name},\"unit\":\"nanoseconds\",\"events\":[")?;
                 }
             }

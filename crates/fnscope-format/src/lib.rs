@@ -184,6 +184,21 @@ pub struct EndInfo {
     pub unmatched_returns: u64,
     /// Process ids that were traced.
     pub processes: Vec<u32>,
+    /// Names of the traced threads, as the recorder last read them (`/proc/PID/task/TID/comm`)
+    /// while they ran; threads that ended before it looked have none.
+    pub threads: Vec<ThreadName>,
+}
+
+/// A thread's name, in [`EndInfo::threads`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(default)]
+pub struct ThreadName {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Its name (at most 15 bytes on Linux).
+    pub name: String,
 }
 
 /// The records of one thread from one shared-memory chunk.
