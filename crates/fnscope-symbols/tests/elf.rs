@@ -346,7 +346,7 @@ fn lines_from_the_separate_debug_file() {
 
 #[test]
 fn bad_files_are_errors_not_panics() {
-    let text = tmp("not-elf.txt");
+    let text = tmp("not-elf-lines.txt");
     std::fs::write(&text, "hello").unwrap();
     let e = SourceLines::load(&text).unwrap_err().to_string();
     assert!(e.contains("not an ELF file"), "{e}");

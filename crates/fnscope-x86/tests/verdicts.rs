@@ -11,7 +11,14 @@ use fnscope_x86::{
 };
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic};
 
+/// Builds the fixture once per test process: tests run in parallel, and one reading the file
+/// while another's gcc rewrites it would see a partial ELF.
 fn fixture() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_fixture).clone()
+}
+
+fn build_fixture() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fnscope-x86-tests");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("fixture");
