@@ -204,22 +204,28 @@ fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sys::Errno> {
 pub fn write_patches(patches: &[Patch]) -> Vec<(Patch, String)> {
     let maps = mappings();
     let mut failed: Vec<(Patch, String)> = Vec::new();
+    // Ids of the functions that failed so far: a whole module can fail (a mapping that
+    // cannot be made writable), and a list searched per patch would then be quadratic.
+    let mut failed_ids: std::collections::HashSet<u32> = std::collections::HashSet::new();
     for stage in [Stage::Island, Stage::Entry, Stage::BorrowedIsland, Stage::ShortJump] {
         let mut todo = Vec::new();
         for p in patches.iter().filter(|p| p.jump.stage == stage) {
-            if failed.iter().any(|f| f.0.id == p.id) {
+            if failed_ids.contains(&p.id) {
                 continue;
             }
             match p.after {
-                Some(donor) if failed.iter().any(|f| f.0.id == donor) => failed.push((
-                    *p,
-                    "the neighbour holding its island could not be patched".to_string(),
-                )),
+                Some(donor) if failed_ids.contains(&donor) => {
+                    failed_ids.insert(p.id);
+                    failed.push((*p, "the neighbour holding its island could not be patched".to_string()));
+                }
                 _ => todo.push(*p),
             }
         }
         todo.sort_by_key(|p| p.jump.address);
-        failed.extend(write_sorted(&todo, &maps));
+        for f in write_sorted(&todo, &maps) {
+            failed_ids.insert(f.0.id);
+            failed.push(f);
+        }
     }
     failed
 }

@@ -312,17 +312,12 @@ pub(crate) fn walk_calls_within(
         let key = (seg.pid, seg.tid);
         if order == Order::Returned {
             let last = last_depth.entry(key).or_insert(0);
-            let table = cx.names.0.image(seg.image_sid).map(<[u32]>::to_vec).unwrap_or_default();
             for r in &seg.records {
                 let depth = r.depth();
-                let func = match table.get(r.id() as usize) {
-                    Some(&f) => f,
-                    None => cx.names.0.index(seg.image_sid, r.id()),
-                };
                 let c = CallInfo {
                     pid: seg.pid,
                     tid: seg.tid,
-                    func,
+                    func: cx.names.0.index(seg.image_sid, r.id()),
                     image: seg.image_sid,
                     id: r.id(),
                     parent: None,

@@ -84,12 +84,6 @@ impl Names {
         i
     }
 
-    /// The functions of image `sid` by id, when its table was read: a per-segment shortcut
-    /// past [`Names::index`]'s hash lookup.
-    pub fn image(&self, sid: u32) -> Option<&[u32]> {
-        self.by_sid.get(&sid).map(|v| v.as_slice())
-    }
-
     pub fn info(&self, idx: u32) -> &FuncInfo {
         &self.funcs[idx as usize]
     }

@@ -148,7 +148,7 @@ impl Selector {
                     && c.exit_tsc > lo
                     && c.entry_tsc < hi
                     && cx.trace.ticks_to_ns(c.ticks()) >= self.min_duration_ns
-                    && !(!self.exclude.is_empty() && self.exclude.matches(cx, c.func));
+                    && (self.exclude.is_empty() || !self.exclude.matches(cx, c.func));
                 th.open.push(Open { kept, matched });
                 th.inside += u32::from(matched);
                 if !kept {
