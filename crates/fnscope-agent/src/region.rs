@@ -369,3 +369,34 @@ pub fn abandon_previous_images(pid: u32) {
         unsafe { publish(c, n as u32, CHUNK_FLAG_ABANDONED) };
     }
 }
+
+/// Asks the recorder for a flight-recorder snapshot.
+pub fn request_snapshot() {
+    if attached() {
+        // SAFETY: aligned u32 inside the mapped header.
+        unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).snapshot_requests)) }.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_trigger_signal(_sig: libc::c_int) {
+    request_snapshot();
+}
+
+/// Makes signal `sig` ask the recorder for a snapshot (`record --trigger signal:NAME`), unless
+/// the process already has a disposition of its own for it (inherited `SIG_IGN`): that one
+/// stays. A program that installs its own handler later replaces this one, and its signal
+/// then does what the program says; `fnscope snapshot PID` still works.
+pub fn install_trigger_signal(sig: i32) {
+    // SAFETY: sigaction with valid pointers; the handler only does one atomic add.
+    unsafe {
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(sig, core::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+            return;
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_trigger_signal as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, core::ptr::null_mut());
+    }
+}

@@ -228,7 +228,7 @@ fn assert_same(what: &str, got: &Threads, want: &Threads) {
 /// A Chrome trace-event file's complete events per thread, in start order with their depth.
 fn chrome_threads(path: &Path, start_ns: u64) -> Threads {
     let mut t = chrome_events(path, start_ns);
-    t.values_mut().for_each(|v| nest(v));
+    t.values_mut().for_each(nest);
     t
 }
 
@@ -395,7 +395,7 @@ fn split_files_each_open_on_their_own() {
             all.entry(tid).or_default().extend(v);
         }
     }
-    all.values_mut().for_each(|v| nest(v));
+    all.values_mut().for_each(nest);
     assert_same("chrome split", &all, &want);
 }
 
