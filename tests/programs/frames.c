@@ -2,9 +2,10 @@
  * A game-like frame loop for the record-time filters and the flight recorder: each frame
  * updates (libm), draws (libc) and may be made slow on purpose.
  *
- *   frames FRAMES PERIOD_MS [SLOW_FRAME:SLOW_MS]... [crash:FRAME]
+ *   frames FRAMES PERIOD_MS [SLOW_FRAME:SLOW_MS]... [crash:FRAME] [work:N]
  *
- * PERIOD_MS paces the loop (0: as fast as it goes). Each SLOW_FRAME spins for SLOW_MS in
+ * PERIOD_MS paces the loop (0: as fast as it goes); `work:N` adds N more calls of `physics`
+ * to each frame (a heavier frame, for benchmarks). Each SLOW_FRAME spins for SLOW_MS in
  * `stall` (the only slow calls apart from their callers). `crash:FRAME` writes through a null
  * pointer inside `draw` of that frame, with main, frame and draw open.
  */
@@ -23,6 +24,7 @@ COUNTER(frame);
 static volatile double world;
 static volatile unsigned long pixels;
 static int crash_frame = -1;
+static int extra_work;
 
 static double now_ms(void)
 {
@@ -64,6 +66,8 @@ NOINLINE void frame(int i, double slow_ms)
     HIT(frame);
     physics(i);
     physics(i + 1);
+    for (int k = 0; k < extra_work; k++)
+        physics(i + k);
     draw(i);
     if (slow_ms > 0)
         stall(slow_ms);
@@ -72,7 +76,7 @@ NOINLINE void frame(int i, double slow_ms)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: frames FRAMES PERIOD_MS [SLOW_FRAME:SLOW_MS]... [crash:FRAME]\n");
+        fprintf(stderr, "usage: frames FRAMES PERIOD_MS [SLOW_FRAME:SLOW_MS]... [crash:FRAME] [work:N]\n");
         return 2;
     }
     int frames = atoi(argv[1]);
@@ -81,6 +85,8 @@ int main(int argc, char **argv)
     for (int a = 3; a < argc; a++) {
         if (strncmp(argv[a], "crash:", 6) == 0)
             crash_frame = atoi(argv[a] + 6);
+        else if (strncmp(argv[a], "work:", 5) == 0)
+            extra_work = atoi(argv[a] + 5);
         else {
             int f = atoi(argv[a]);
             const char *c = strchr(argv[a], ':');
