@@ -940,7 +940,12 @@ pub fn exec_begins() -> Option<(u64, usize)> {
             return None;
         }
         let base = (*st).ss_base;
-        let open = (((*st).ss_top - base) / 32) as usize;
+        // `--min-duration`: outer calls started earlier, so the calls long enough are the
+        // outermost ones.
+        let min = stubs::MIN_TICKS.load(Ordering::Relaxed);
+        let open = (0..((*st).ss_top - base) / 32)
+            .take_while(|&d| now.wrapping_sub((*((base + d * 32) as *const ShadowEntry)).t_entry) >= min)
+            .count();
         if open == 0 {
             return None;
         }

@@ -408,10 +408,11 @@ impl Region {
 
 impl Region {
     /// The calls open on the shadow stack of slot `i` (deepest first: records are in the order
-    /// calls end), as cut off at `now`, with the sequence number of the thread's next chunk.
+    /// calls end), as cut off at `now`, with the sequence number of the thread's next chunk;
+    /// those shorter than `min_ticks` (`--min-duration`) are left out.
     /// The slot's owner is gone, or (for a snapshot) still running: then entries pushed or
     /// popped meanwhile may be missed, as in any snapshot of a running program.
-    fn open_calls(&self, i: u32, now: u64) -> (u64, Vec<Record>) {
+    fn open_calls(&self, i: u32, now: u64, min_ticks: u64) -> (u64, Vec<Record>) {
         use fnscope_abi::{REC_FLAG_CUT, REC_FLAG_UNWOUND, SLOT_STATE_OFFSET, STATE_SEQ, STATE_SS_BASE, STATE_SS_TOP};
         let slot = self.slot(i);
         // SAFETY: the state lies in the slot's first page, inside the mapping.
@@ -434,6 +435,7 @@ impl Region {
                 };
                 Record::new(t_entry, now.max(t_entry), id as u32, d as u32, REC_FLAG_UNWOUND | REC_FLAG_CUT)
             })
+            .filter(|r| r.ticks() >= min_ticks)
             .collect();
         (seq, recs)
     }
@@ -528,6 +530,8 @@ struct Recorder {
     requests_seen: u32,
     /// The signal a traced process just died of, for the crash snapshot's end.
     crash_signal: Option<i32>,
+    /// `--min-duration` in ticks, for the calls the recorder closes itself.
+    min_ticks: u64,
 }
 
 impl Recorder {
@@ -733,7 +737,7 @@ impl Recorder {
                 )
             };
             if state == SLOT_OWNED && closed == 0 {
-                let (seq, recs) = self.region.open_calls(i, now);
+                let (seq, recs) = self.region.open_calls(i, now, self.min_ticks);
                 let flags = CHUNK_FLAG_ABANDONED;
                 live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags, recs });
             }
@@ -807,7 +811,7 @@ impl Recorder {
                 continue;
             }
             if closed == 0 {
-                let (seq, recs) = self.region.open_calls(i, now);
+                let (seq, recs) = self.region.open_calls(i, now, self.min_ticks);
                 if !recs.is_empty() {
                     if !self.images_written.contains(&sid) {
                         self.copy_images()?;
@@ -880,6 +884,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         host: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         fnscope_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: if opts.count { "count" } else { "time" }.to_string(),
+        flight: opts.flight.is_some(),
     };
     writer.write_meta(&meta)?;
     writer.flush()?;
@@ -922,10 +927,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if f.depth > 0 {
         cmd.env(fnscope_abi::ENV_DEPTH, f.depth.to_string());
     }
-    if f.min_duration_ns > 0 {
-        // Rounded down: a call at the threshold is kept.
-        let ticks = ((f.min_duration_ns as f64 * ticks_per_ns) as u64).max(1);
-        cmd.env(fnscope_abi::ENV_MIN_TICKS, ticks.to_string());
+    // Rounded down: a call at the threshold is kept.
+    let min_ticks = if f.min_duration_ns > 0 { ((f.min_duration_ns as f64 * ticks_per_ns) as u64).max(1) } else { 0 };
+    if min_ticks > 0 {
+        cmd.env(fnscope_abi::ENV_MIN_TICKS, min_ticks.to_string());
     }
     if let Some(o) = &opts.flight {
         cmd.env(crate::flight::ENV_FLIGHT, "1");
@@ -954,6 +959,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         scanned: HashMap::new(),
         requests_seen: 0,
         crash_signal: None,
+        min_ticks,
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
