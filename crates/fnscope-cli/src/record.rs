@@ -484,6 +484,11 @@ impl Region {
         v
     }
 
+    fn hint(&self) -> &AtomicU32 {
+        // SAFETY: aligned u32 in the header, shared with agents.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).next_chunk_hint)) }
+    }
+
     fn requests(&self) -> &AtomicU32 {
         // SAFETY: aligned u32 in the header, shared with agents and `fnscope snapshot`.
         unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).snapshot_requests)) }
@@ -624,6 +629,10 @@ impl Recorder {
             std::ptr::write_bytes(base.add(4), 0, used - 4);
         }
         self.region.state(i).store(CHUNK_FREE, Ordering::Release);
+        // The next thread that needs a chunk starts looking here: chunks are reused last in,
+        // first out, so the program keeps writing into a few pages that are mapped and warm
+        // instead of faulting in every page of the region once.
+        self.region.hint().store(i, Ordering::Relaxed);
         Ok(())
     }
 
