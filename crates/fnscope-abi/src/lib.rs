@@ -148,8 +148,11 @@ pub struct ChunkHeader {
     pub flags: u32,
     /// Records this thread had to drop since its previous chunk.
     pub lost: u64,
+    /// The thread's name (`comm`, NUL-padded) when it handed the chunk over: the name of a
+    /// thread that ends before the recorder could read it from `/proc`.
+    pub thread_name: [u8; 16],
     /// Padding up to [`CHUNK_HEADER_SIZE`].
-    pub reserved: [u64; 3],
+    pub reserved: u64,
 }
 
 /// `ChunkHeader::flags`: the thread ended (this is its last chunk).

@@ -316,6 +316,11 @@ pub unsafe fn publish(c: *mut ChunkHeader, nrec: u32, flags: u32) {
     unsafe {
         (*c).nrec = nrec;
         (*c).flags |= flags;
+        // A chunk handed over for an image this process no longer runs (after exec) would
+        // get the new program's name.
+        if flags & fnscope_abi::CHUNK_FLAG_ABANDONED == 0 {
+            (*c).thread_name = sys::thread_name();
+        }
     }
     state_of(c).store(CHUNK_FULL, Ordering::Release);
 }

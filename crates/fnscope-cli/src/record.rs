@@ -596,9 +596,9 @@ impl Recorder {
     /// Writes chunk `i` (holding `n` records) to the trace and frees it.
     fn take(&mut self, i: u32, n: usize, extra_flags: u32) -> Result<()> {
         // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
-        let (sid, pid, tid, seq, lost, flags) = unsafe {
+        let (sid, pid, tid, seq, lost, flags, name) = unsafe {
             let c = &*self.region.chunk(i);
-            (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags)
+            (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags, c.thread_name)
         };
         if !self.images_written.contains(&sid) || !self.images_checked {
             self.copy_images()?;
@@ -608,6 +608,15 @@ impl Recorder {
         // file read per 64 chunks) in case the program renames it.
         if extra_flags & CHUNK_FLAG_ABANDONED == 0 && (seq % 64 == 0 || !self.thread_names.contains_key(&(pid, tid))) {
             self.name_thread(pid, tid);
+        }
+        // The name the thread had when it handed the chunk over: the latest, and the only
+        // one of a thread that ended before the recorder looked.
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        if !name.is_empty() && extra_flags & CHUNK_FLAG_ABANDONED == 0 {
+            let name = String::from_utf8_lossy(name);
+            if self.thread_names.get(&(pid, tid)).is_none_or(|n| *n != name) {
+                self.thread_names.insert((pid, tid), name.into_owned());
+            }
         }
         let recs = self.region.records(i, n);
         let nrec = recs.len();

@@ -519,7 +519,9 @@ fn chrome_warns_past_what_viewers_open() {
 }
 
 /// Threads the program names itself (`pthread_setname_np`): the recorder reads the names
-/// while the threads run, and every timeline viewer labels their tracks with them.
+/// while the threads run, or from the chunk a thread hands over as it ends (a thread gone
+/// before the recorder looks at it: `gamma-quick`), and every timeline viewer labels their
+/// tracks with them.
 #[test]
 fn thread_names_label_the_tracks() {
     let dir = TempDir::new("export-thread-names");
@@ -532,14 +534,18 @@ static void *run(void *name) {
     pthread_setname_np(pthread_self(), (const char *)name);
     int s = 0;
     for (int i = 0; i < 1000; i++) s += step(i);
+    if (((const char *)name)[0] == 'g')
+        return (void *)(long)s;
     usleep(300000); /* the recorder looks at running threads every 100 ms */
     for (int i = 0; i < 1000; i++) s += step(i);
     return (void *)(long)s;
 }
 int main(void) {
-    pthread_t a, b;
+    pthread_t a, b, c;
     pthread_create(&a, 0, run, "alpha-worker");
     pthread_create(&b, 0, run, "beta-worker");
+    pthread_create(&c, 0, run, "gamma-quick");
+    pthread_join(c, 0);
     pthread_join(a, 0);
     pthread_join(b, 0);
     return 0;
@@ -564,7 +570,7 @@ int main(void) {
         })
         .collect();
     labels.sort();
-    assert_eq!(labels, ["alpha-worker", "beta-worker", "named"]);
+    assert_eq!(labels, ["alpha-worker", "beta-worker", "gamma-quick", "named"]);
     let pf = dir.join("t.pftrace");
     ok(&["export", "--format", "perfetto", "-i", path_str(&trace), "-o", path_str(&pf)]);
     let names: Vec<String> = decode_perfetto(&[pf])[0]["tracks"]
@@ -574,7 +580,7 @@ int main(void) {
         .filter(|t| t["kind"] != "process")
         .map(|t| t["name"].as_str().unwrap().rsplit_once(' ').unwrap().0.to_string())
         .collect();
-    for want in ["alpha-worker", "beta-worker"] {
+    for want in ["alpha-worker", "beta-worker", "gamma-quick"] {
         assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
     }
 }
