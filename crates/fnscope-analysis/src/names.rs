@@ -7,6 +7,7 @@
 use fnscope_format::ImageTable;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One function as reports show it.
 #[derive(Clone, Debug)]
@@ -14,6 +15,8 @@ pub(crate) struct FuncInfo {
     pub raw_name: String,
     /// File name of the module.
     pub module: String,
+    /// Path of the module, shared by its functions.
+    pub path: Arc<str>,
     pub address: u64,
     /// Demangled on first use: most functions of a big program are never called.
     name: Option<String>,
@@ -31,6 +34,10 @@ pub(crate) struct Names {
     /// this saves a hash lookup per call (half of `report`'s time on big traces).
     last: Option<(u32, usize)>,
     unknown: HashMap<(u32, u32), u32>,
+    /// Line tables of the modules asked about, loaded on first use (`None`: none found).
+    lines: HashMap<Arc<str>, Option<fnscope_symbols::SourceLines>>,
+    /// `file:line` of each function asked about, by index.
+    sources: Vec<Option<Option<String>>>,
 }
 
 impl Names {
@@ -44,11 +51,13 @@ impl Names {
 
     fn add_image(&mut self, t: &ImageTable) {
         let mut ids = Vec::with_capacity(t.funcs.len());
+        let mut paths: HashMap<u32, Arc<str>> = HashMap::new();
         for f in &t.funcs {
             let (path, build_id) = match t.module(f.module) {
                 Some(m) => (m.path.clone(), m.build_id.clone()),
                 None => (String::from("?"), None),
             };
+            let shared = paths.entry(f.module).or_insert_with(|| Arc::from(path.as_str())).clone();
             let module = Path::new(&path)
                 .file_name()
                 .map_or_else(|| path.clone(), |s| s.to_string_lossy().into_owned());
@@ -61,6 +70,7 @@ impl Names {
                 self.funcs.push(FuncInfo {
                     raw_name: f.raw_name.clone(),
                     module,
+                    path: shared,
                     address: f.address,
                     name: None,
                 });
@@ -95,6 +105,7 @@ impl Names {
             self.funcs.push(FuncInfo {
                 raw_name: label.clone(),
                 module: "?".into(),
+                path: Arc::from("?"),
                 address: 0,
                 name: Some(label),
             });
@@ -104,6 +115,28 @@ impl Names {
 
     pub fn info(&self, idx: u32) -> &FuncInfo {
         &self.funcs[idx as usize]
+    }
+
+    /// Where function `idx` is in the sources, `file:line` (or the file alone), from its
+    /// module's DWARF or separate debug file when there is one.
+    pub fn source(&mut self, idx: u32) -> Option<&str> {
+        let i = idx as usize;
+        if i >= self.sources.len() {
+            self.sources.resize(i + 1, None);
+        }
+        if self.sources[i].is_none() {
+            let f = &self.funcs[i];
+            let lines = self
+                .lines
+                .entry(f.path.clone())
+                .or_insert_with(|| fnscope_symbols::SourceLines::load(Path::new(&*f.path)).ok().filter(|l| l.dwarf_file().is_some()));
+            let found = lines.as_ref().and_then(|l| l.locate(f.address)).map(|loc| match loc.line {
+                Some(n) => format!("{}:{n}", loc.file),
+                None => loc.file,
+            });
+            self.sources[i] = Some(found);
+        }
+        self.sources[i].as_ref().and_then(|s| s.as_deref())
     }
 
     /// The demangled name of function `idx`.

@@ -199,6 +199,7 @@ fn perfetto_threads(file: &Value, pid: u64, start_ns: u64) -> BTreeMap<u32, Vec<
     for s in file["slices"].as_array().unwrap() {
         let t = &tracks[&s["track"].to_string()];
         assert_eq!(s["args"]["module"], "timeline", "{s}");
+        check_source(s["name"].as_str().unwrap(), &s["args"]["source"]);
         let slice = Slice {
             name: s["name"].as_str().unwrap().to_string(),
             depth: s["depth"].as_u64().unwrap() as usize,
@@ -210,6 +211,22 @@ fn perfetto_threads(file: &Value, pid: u64, start_ns: u64) -> BTreeMap<u32, Vec<
         out.get_mut(&(t["tid"].as_u64().unwrap() as u32)).unwrap().push((slice, continued));
     }
     out
+}
+
+/// A slice's `source` argument is where the function is defined (`-g` build): in timeline.c
+/// or counts.h, the line at the start of a line that names it and does not end in `;`.
+fn check_source(name: &str, got: &Value) {
+    let defined = ["timeline.c", "counts.h"].into_iter().find_map(|file| {
+        let text = fs::read_to_string(programs_dir().join(file)).unwrap();
+        let line = text.lines().position(|l| {
+            !l.starts_with([' ', '\t', '*', '/', '#'])
+                && [' ', '*'].iter().any(|c| l.contains(&format!("{c}{name}(")))
+                && !l.trim_end().ends_with(';')
+        })?;
+        Some(format!("/{file}:{}", line + 1))
+    });
+    let want = defined.unwrap_or_else(|| panic!("{name} is defined in neither timeline.c nor counts.h"));
+    assert!(got.as_str().is_some_and(|g| g.ends_with(&want)), "source of {name}: {got}, want ...{want}");
 }
 
 /// Compares exported slices with the oracle, thread by thread, with a readable first
@@ -247,6 +264,7 @@ fn chrome_events(path: &Path, start_ns: u64) -> Threads {
             }
             "X" => {
                 assert_eq!(e["args"]["module"], "timeline", "{e}");
+                check_source(e["name"].as_str().unwrap(), &e["args"]["source"]);
                 let begin = start_ns + (e["ts"].as_f64().unwrap() * 1000.0).round() as u64;
                 out.entry(tid).or_default().push(Slice {
                     name: e["name"].as_str().unwrap().to_string(),
@@ -310,8 +328,11 @@ fn perfetto_slices_match_replay() {
         })
         .collect();
     assert_same("perfetto", &got, &want);
+    // Each function's name, module and `file:line` once (a path of up to ~150 bytes), then a
+    // few tens of bytes per call: repeated in every slice, they would be far over.
+    let functions = got.values().flatten().map(|s| s.name.as_str()).collect::<std::collections::BTreeSet<_>>().len() as u64;
     let bytes = fs::metadata(&out).unwrap().len();
-    assert!(bytes < 50 * calls, "{bytes} bytes for {calls} calls: names are interned");
+    assert!(bytes < 50 * calls + 200 * functions, "{bytes} bytes for {calls} calls of {functions} functions: strings are interned");
 }
 
 #[test]
