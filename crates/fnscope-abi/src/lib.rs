@@ -320,6 +320,9 @@ pub const ENV_MIN_TICKS: &str = "FNSCOPE_MIN_TICKS";
 /// signal number (only if the program has not set a disposition of its own for it).
 pub const ENV_TRIGGER_SIGNAL: &str = "FNSCOPE_TRIGGER_SIGNAL";
 
+/// Folder for the agent's cache of module analyses (absent: no cache).
+pub const ENV_CACHE: &str = "FNSCOPE_CACHE";
+
 /// Selects count mode when set to `count` (the default is timing).
 pub const ENV_MODE: &str = "FNSCOPE_MODE";
 /// Set to `1` when the programs the traced one runs with `exec` must not be traced: the
@@ -363,6 +366,9 @@ pub mod counts {
         pub nfuncs: u32,
         /// Threads that found no free block; their calls were not counted.
         pub threads_lost: u32,
+        /// One past the highest block ever taken: readers need not look further (the rest
+        /// of the file is a hole, and reading it would only make zero pages).
+        pub blocks_used: u32,
     }
 
     /// Header of one block.

@@ -135,6 +135,8 @@ extern "C" fn fnscope_count_thread_init() {
     for i in 1..NBLOCKS {
         let b = block(i);
         if state(b).compare_exchange(BLOCK_FREE, BLOCK_LIVE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            // SAFETY: aligned u32 in the header.
+            unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).blocks_used)) }.fetch_max(i + 1, Ordering::Relaxed);
             // SAFETY: the block is ours now.
             unsafe {
                 (*b).pid = pid;

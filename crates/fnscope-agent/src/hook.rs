@@ -2,7 +2,6 @@
 
 use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
 use fnscope_abi::skip_reason;
-use fnscope_symbols::Inventory;
 use fnscope_x86::{Hook, HookForm, ReturnAddress, Stage, Verdict};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -67,6 +66,8 @@ pub struct ModuleResult {
     pub skipped: usize,
     /// The jumps to write (after the image table naming them is out), by address.
     pub patches: Vec<Patch>,
+    /// Whether the module's analysis came from the cache.
+    pub cached: bool,
 }
 
 /// A jump to write for a function: at its entry, or in an island its entry jumps to (see
@@ -516,7 +517,7 @@ impl ImageTable {
     }
 }
 
-fn name_of(inv: &Inventory, i: usize) -> String {
+fn name_of(inv: &crate::plan_cache::Analysis, i: usize) -> String {
     let f = &inv.functions[i];
     match &f.name {
         Some(n) => n.replace(['\t', '\n'], " "),
@@ -537,10 +538,9 @@ pub fn plan_module(
     max_id: u32,
     filters: &crate::filter::Filters,
 ) -> Result<ModuleResult, String> {
-    let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
-    let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
     let ra = if kind == SlotKind::Trace { ReturnAddress::Replaced } else { ReturnAddress::Kept };
-    let verdicts = fnscope_x86::analyze_for(&inv, &data, ra);
+    let inv = crate::plan_cache::analyse(&obj.path, ra)?;
+    let verdicts = &inv.verdicts;
     let midx = table.modules;
     table.modules += 1;
     let build_id = inv.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>());
@@ -634,14 +634,13 @@ pub fn plan_module(
             name_of(&inv, *i)
         );
     }
-    Ok(ModuleResult { hooked: built.ids.len(), skipped: skips.len(), patches: built.patches })
+    Ok(ModuleResult { hooked: built.ids.len(), skipped: skips.len(), patches: built.patches, cached: inv.cached })
 }
 
 /// Installs pre-hooks (kind in the id field) on functions given by run-time address.
 pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
-    let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
-    let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
-    let verdicts = fnscope_x86::analyze_for(&inv, &data, ReturnAddress::Kept);
+    let inv = crate::plan_cache::analyse(&obj.path, ReturnAddress::Kept)?;
+    let verdicts = &inv.verdicts;
     let mut plans = Vec::new();
     for &(addr, kind) in targets {
         let Some(i) = inv.functions.iter().position(|f| f.address + obj.bias == addr) else { continue };

@@ -16,6 +16,7 @@ pub mod count;
 pub mod exec;
 pub mod filter;
 pub mod hook;
+pub mod plan_cache;
 pub mod region;
 pub mod stubs;
 pub mod sys;
@@ -118,6 +119,9 @@ unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
         .map(str::to_string)
         .collect();
     VERBOSE.store(get(fnscope_abi::ENV_VERBOSE) == Some(b"1"), Ordering::Relaxed);
+    if let Some(dir) = get(fnscope_abi::ENV_CACHE).filter(|d| !d.is_empty()) {
+        plan_cache::set_dir(PathBuf::from(std::ffi::OsStr::from_bytes(dir)));
+    }
     let text = |k: &str| String::from_utf8_lossy(get(k).unwrap_or_default()).into_owned();
     let number = |k: &str| text(k).parse::<u64>().unwrap_or(0);
     let filters = match filter::Filters::new(
@@ -187,6 +191,7 @@ impl Tracer {
     fn hook_new_objects(&mut self, objs: &[hook::Loaded]) -> Result<(usize, usize), String> {
         let mut pending = Vec::new();
         let (mut hooked, mut skipped) = (0, 0);
+        let (mut modules, mut cached) = (0, 0);
         for (i, obj) in objs.iter().enumerate() {
             if self.seen.get(&obj.lo).is_some_and(|probe| !hook::reloaded(obj, *probe)) || hook::never_hook(&obj.path, obj) {
                 continue;
@@ -209,6 +214,8 @@ impl Tracer {
                 Ok(r) => {
                     hooked += r.hooked;
                     skipped += r.skipped;
+                    modules += 1;
+                    cached += usize::from(r.cached);
                     self.seen.insert(obj.lo, r.patches.iter().find(|p| matches!(p.jump.stage, fnscope_x86::Stage::Entry | fnscope_x86::Stage::ShortJump)).map(|p| p.jump));
                     pending.push(r.patches);
                 }
@@ -240,6 +247,9 @@ impl Tracer {
                 self.write_table()?;
                 warn(&format!("{failed} functions could not be patched (see `fnscope info`)"));
             }
+        }
+        if VERBOSE.load(Ordering::Relaxed) && modules > 0 {
+            warn(&format!("pid {}: {cached} of {modules} modules analysed in an earlier run (cached)", self.pid));
         }
         Ok((hooked, skipped))
     }

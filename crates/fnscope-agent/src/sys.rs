@@ -250,6 +250,18 @@ pub fn mkdir(path: &std::path::Path) -> Result<(), Errno> {
     }
 }
 
+/// What identifies a file's version: device, inode, size and modification time (s, ns);
+/// `None` if it cannot be looked at.
+pub fn file_stamp(path: &std::path::Path) -> Option<[u64; 5]> {
+    const SYS_STAT: usize = 4;
+    let p = c_path(path);
+    // SAFETY: `st` is a valid out-parameter of the size the kernel writes for stat(2) on
+    // x86-64 (`struct stat`, which is what libc's type is), and `p` is NUL-terminated.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    let r = unsafe { syscall6(SYS_STAT, p.as_ptr() as usize, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) };
+    (r == 0).then_some([st.st_dev, st.st_ino, st.st_size as u64, st.st_mtime as u64, st.st_mtime_nsec as u64])
+}
+
 /// Removes a file (best effort).
 pub fn unlink(path: &std::path::Path) {
     let p = c_path(path);

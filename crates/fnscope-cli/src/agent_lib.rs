@@ -45,3 +45,29 @@ fn write_atomically(dir: &std::path::Path, p: &std::path::Path) -> Result<()> {
     std::fs::rename(&tmp, p).with_context(|| format!("renaming to {}", p.display()))?;
     Ok(())
 }
+
+/// The folder of the agent's cache of module analyses (see the agent's `plan_cache`): next to
+/// the agent library, one per agent build, so that an analysis made by another version is
+/// never used. Folders of other builds not used for a day are removed when a new one is made
+/// (another fnscope may be using its own at the moment).
+pub fn plan_cache_dir(agent: &std::path::Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(agent).ok()?;
+    let id = format!("{}-{}-{}", agent.file_name()?.to_string_lossy(), m.len(), m.mtime_nsec() ^ m.mtime());
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let parent = agent.parent()?;
+    let dir = parent.join(format!("plans-{hash:016x}"));
+    if !dir.is_dir() {
+        if let Ok(rd) = std::fs::read_dir(parent) {
+            let day = std::time::Duration::from_secs(86_400);
+            for e in rd.flatten() {
+                let stale = e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|age| age > day));
+                if stale && e.file_name().to_string_lossy().starts_with("plans-") {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        std::fs::create_dir_all(&dir).ok()?;
+    }
+    Some(dir)
+}

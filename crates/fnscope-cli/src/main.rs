@@ -44,6 +44,10 @@ enum Command {
         /// own). Forked processes are the same program and stay traced.
         #[arg(long)]
         no_follow_exec: bool,
+        /// Analyse every module again instead of using the analyses of earlier runs (kept
+        /// next to the agent library, per file version, and used automatically).
+        #[arg(long)]
+        no_cache: bool,
         #[command(flatten)]
         filters: record::FilterArgs,
         #[command(flatten)]
@@ -335,13 +339,14 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, filters, flight, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, filters, flight, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
             let filters = filters.check(count)?;
             let flight = flight.check(count)?;
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, filters, flight, command })?;
+            let plan_cache = !no_cache;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, filters, flight, command })?;
             Ok(out.exit_code)
         }
         Command::Replay { input, format, tid } => {

@@ -28,6 +28,8 @@ pub struct RecordOptions {
     pub count: bool,
     /// Trace the programs the program runs with `exec` too.
     pub follow_exec: bool,
+    /// Use (and fill) the cache of module analyses.
+    pub plan_cache: bool,
     /// Record-time filters.
     pub filters: RecordFilters,
     /// The flight recorder's settings, in flight mode.
@@ -195,14 +197,14 @@ fn check_program(path: &Path) -> Result<()> {
              (`cp {shown} /tmp/` drops it)"
         );
     }
-    let inv = fnscope_symbols::load(path).map_err(|e| anyhow!("{shown} cannot be read as a program: {e}"))?;
-    if inv.is_static {
+    let facts = fnscope_symbols::program_facts(path).map_err(|e| anyhow!("{shown} cannot be read as a program: {e}"))?;
+    if facts.is_static {
         bail!(
             "{shown} is statically linked: fnscope puts its agent in with LD_PRELOAD, which a static program never loads. \
              Record a dynamically linked build of it (`fnscope funcs` can still list its functions)"
         );
     }
-    if !inv.has_symtab && inv.debug_file.is_none() {
+    if !facts.named {
         eprintln!("fnscope: note: {shown} is stripped: exported functions keep their names, the others are named sub_<address>");
     }
     Ok(())
@@ -933,6 +935,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if !opts.follow_exec {
         cmd.env(fnscope_abi::ENV_NO_FOLLOW, "1");
     }
+    if let Some(cache) = opts.plan_cache.then(|| crate::agent_lib::plan_cache_dir(&agent)).flatten() {
+        cmd.env(fnscope_abi::ENV_CACHE, cache);
+    }
     if !f.filter.is_empty() {
         cmd.env(fnscope_abi::ENV_FILTER, f.filter.join("\n"));
     }
@@ -1148,7 +1153,7 @@ fn copy_counts(dir: &Path, writer: &mut TraceWriter, pids: &mut BTreeSet<u32>) -
         // SAFETY: the map holds at least the header page; fields are read by value.
         let (magic, capacity, nblocks, block_size, nfuncs, lost) = unsafe {
             let h = &*(map.as_ptr() as *const CountsHeader);
-            (h.magic, h.capacity, h.nblocks, h.block_size, h.nfuncs, h.threads_lost)
+            (h.magic, h.capacity, h.nblocks.min(h.blocks_used.max(1)), h.block_size, h.nfuncs, h.threads_lost)
         };
         if magic != MAGIC || nfuncs > capacity || block_offset(block_size, nblocks) > map.len() {
             eprintln!("fnscope: warning: {} is not a complete counts file; its counts are left out", path.display());

@@ -14,10 +14,10 @@ type Reader<'a> = EndianSlice<'a, LittleEndian>;
 pub(crate) const CFA_NOT_AT_ENTRY: &str = "CFA is not rsp+8 at the first instruction";
 /// Same, for a symbol that sits inside another piece's range.
 pub(crate) const CFA_NOT_AT_SYMBOL: &str = "CFA is not rsp+8 at the symbol's address";
-const RA_UNDEFINED: &str = "return address is undefined there (outermost frame)";
-const RA_ELSEWHERE: &str = "return address is not at CFA-8";
-const SIGNAL_FRAME: &str = "signal trampoline";
-const CFI_BROKEN: &str = "its call frame information could not be evaluated";
+pub(crate) const RA_UNDEFINED: &str = "return address is undefined there (outermost frame)";
+pub(crate) const RA_ELSEWHERE: &str = "return address is not at CFA-8";
+pub(crate) const SIGNAL_FRAME: &str = "signal trampoline";
+pub(crate) const CFI_BROKEN: &str = "its call frame information could not be evaluated";
 
 /// One FDE: a piece of code with call frame information.
 #[derive(Debug, Clone)]

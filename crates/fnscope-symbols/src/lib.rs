@@ -39,6 +39,19 @@ pub const WHY_ELF_ENTRY: &str = "ELF entry point (_start)";
 /// is not a return address at the piece's first instruction.
 pub const WHY_CFA: &str = cfi::CFA_NOT_AT_ENTRY;
 
+/// Every `Function::not_entry_why` this crate gives (a cache of its results maps texts back
+/// to these).
+pub const NOT_ENTRY_REASONS: [&str; 8] = [
+    WHY_COLD,
+    WHY_ELF_ENTRY,
+    cfi::CFA_NOT_AT_ENTRY,
+    cfi::CFA_NOT_AT_SYMBOL,
+    cfi::RA_UNDEFINED,
+    cfi::RA_ELSEWHERE,
+    cfi::SIGNAL_FRAME,
+    cfi::CFI_BROKEN,
+];
+
 /// Where a function's name (or, for unnamed pieces, its existence) comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SymSource {
@@ -194,6 +207,60 @@ pub enum SymbolError {
     },
 }
 
+/// What `record` checks of a program before it starts it, found without listing its
+/// functions (a big program's inventory takes a tenth of a second or more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramFacts {
+    /// Statically linked: the loader never runs, so `LD_PRELOAD` does nothing.
+    pub is_static: bool,
+    /// Its local functions have names: a `.symtab`, a separate debug file or MiniDebugInfo.
+    pub named: bool,
+}
+
+/// [`ProgramFacts`] of the ELF file at `path`.
+pub fn program_facts(path: &Path) -> Result<ProgramFacts, SymbolError> {
+    let io = |source| SymbolError::Io { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: a private read-only mapping; a file changed meanwhile gives wrong facts at
+    // worst (as reading it would), and the loader reads it again anyway.
+    let data = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    check_header(path, &data)?;
+    let elf = ElfFile64::<Endianness>::parse(&data[..]).map_err(|e| SymbolError::Parse { path: path.to_path_buf(), msg: e.to_string() })?;
+    let endian = elf.endian();
+    let named = !elf.elf_symbol_table().is_empty()
+        || elf.elf_section_table().section_by_name(endian, b".gnu_debugdata").is_some()
+        || open_debug_file(path, elf.build_id().ok().flatten(), elf.gnu_debuglink().ok().flatten()).is_some();
+    Ok(ProgramFacts { is_static: is_static(&elf, &data), named })
+}
+
+/// Whether the ELF file is statically linked: no interpreter, no needed library, and an
+/// executable (or a static PIE).
+fn is_static(file: &ElfFile64<'_, Endianness>, data: &[u8]) -> bool {
+    let endian = file.endian();
+    let mut has_interp = false;
+    let mut has_needed = false;
+    let mut pie_flag = false;
+    for ph in file.elf_program_headers() {
+        let t = ph.p_type(endian);
+        if t == elf::PT_INTERP {
+            has_interp = true;
+        } else if t == elf::PT_DYNAMIC {
+            if let Ok(Some(dyns)) = ph.dynamic(endian, data) {
+                for d in dyns {
+                    let tag = d.d_tag(endian);
+                    if tag == elf::DT_NEEDED {
+                        has_needed = true;
+                    } else if tag == elf::DT_FLAGS_1 && d.d_val(endian) & elf::DF_1_PIE.0 != 0 {
+                        pie_flag = true;
+                    }
+                }
+            }
+        }
+    }
+    let e_type = file.elf_header().e_type(endian);
+    !has_interp && !has_needed && (e_type == elf::ET_EXEC || pie_flag)
+}
+
 /// Reads the file at `path` and builds its inventory.
 pub fn load(path: &Path) -> Result<Inventory, SymbolError> {
     let data = std::fs::read(path).map_err(|source| SymbolError::Io {
@@ -219,27 +286,7 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
 
     let code = code_ranges(&file, data);
 
-    let mut has_interp = false;
-    let mut has_needed = false;
-    let mut pie_flag = false;
-    for ph in file.elf_program_headers() {
-        let t = ph.p_type(endian);
-        if t == elf::PT_INTERP {
-            has_interp = true;
-        } else if t == elf::PT_DYNAMIC {
-            if let Ok(Some(dyns)) = ph.dynamic(endian, data) {
-                for d in dyns {
-                    let tag = d.d_tag(endian);
-                    if tag == elf::DT_NEEDED {
-                        has_needed = true;
-                    } else if tag == elf::DT_FLAGS_1 && d.d_val(endian) & elf::DF_1_PIE.0 != 0 {
-                        pie_flag = true;
-                    }
-                }
-            }
-        }
-    }
-    let is_static = !has_interp && !has_needed && (e_type == elf::ET_EXEC || pie_flag);
+    let is_static = is_static(&file, data);
 
     let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
     let symtab = file.elf_symbol_table();
