@@ -4,6 +4,7 @@ mod agent_lib;
 mod export;
 mod funcs;
 mod record;
+mod server;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -14,6 +15,19 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create an upload token and print it (only this once).
+    Create {
+        /// A name to recognise the token by (who or what uploads with it).
+        #[arg(long)]
+        name: String,
+        /// Database of the server.
+        #[arg(long, default_value = "sqlite:fnscope.db")]
+        db: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -43,9 +57,51 @@ enum Command {
         /// own). Forked processes are the same program and stay traced.
         #[arg(long)]
         no_follow_exec: bool,
+        /// Once recorded, upload the run to the fnscope server at URL.
+        #[arg(long, value_name = "URL")]
+        upload: Option<String>,
+        /// Upload token (default: $FNSCOPE_TOKEN); with --upload.
+        #[arg(long, requires = "upload")]
+        token: Option<String>,
+        /// KEY=VALUE tag of the uploaded run (repeatable); with --upload.
+        #[arg(long = "tag", value_name = "KEY=VALUE", requires = "upload")]
+        tags: Vec<String>,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
         command: Vec<String>,
+    },
+    /// Serve the team server: uploaded runs in one database, hot functions on web pages and
+    /// as JSON under /api/.
+    Serve {
+        /// Address and port to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Database: sqlite:FILE (created if missing) or postgres://USER@HOST:PORT/DB.
+        #[arg(long, default_value = "sqlite:fnscope.db")]
+        db: String,
+        /// Largest upload accepted (compressed), in bytes or with K, M or G.
+        #[arg(long, default_value = "64M", value_parser = server::parse_size)]
+        max_upload: u64,
+    },
+    /// Manage the server's upload tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Send recorded or merged traces to an fnscope server.
+    Upload {
+        /// Server URL, for example http://127.0.0.1:8080.
+        #[arg(long, value_name = "URL")]
+        server: String,
+        /// Upload token (default: $FNSCOPE_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+        /// KEY=VALUE tag of the runs: tester, device, build, task... (repeatable).
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+        /// Trace folders (or trace.fns files), recorded or merged.
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
     },
     /// Show the recorded calls in time order.
     Replay {
@@ -324,12 +380,28 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, upload, token, tags, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
+            let trace = output.clone();
             let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, command })?;
+            if let Some(server) = upload {
+                server::upload(&server::UploadOptions { server, token, tags }, &[trace])?;
+            }
             Ok(out.exit_code)
+        }
+        Command::Serve { listen, db, max_upload } => {
+            server::serve(&listen, &db, max_upload)?;
+            Ok(0)
+        }
+        Command::Token { command: TokenCommand::Create { name, db } } => {
+            server::token_create(&db, &name)?;
+            Ok(0)
+        }
+        Command::Upload { server, token, tags, runs } => {
+            server::upload(&server::UploadOptions { server, token, tags }, &runs)?;
+            Ok(0)
         }
         Command::Replay { input, format, tid } => {
             refuse_untimed(&input)?;
