@@ -3,7 +3,7 @@
 
 use crate::app::{FunctionPage, Hot};
 use crate::store::RunRow;
-use fnscope_analysis::format_duration;
+use fnscope_analysis::{format_duration, percent};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use serde_json::Value;
 
@@ -88,18 +88,8 @@ fn ns(v: &Value) -> String {
 
 fn time_of(ns: i64) -> String {
     let secs = ns.div_euclid(1_000_000_000);
-    let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = fnscope_analysis::civil_from_days(secs.div_euclid(86_400));
     format!(
         "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
         rem / 3600,
@@ -332,14 +322,6 @@ pub fn compare(d: Option<&fnscope_analysis::Diff>, q: &[(String, String)]) -> Ma
             }
         },
     )
-}
-
-fn percent(executed: u64, hookable: u64) -> String {
-    if hookable == 0 {
-        "-".to_string()
-    } else {
-        format!("{:.1}%", 100.0 * executed as f64 / hookable as f64)
-    }
 }
 
 /// The coverage page: the union of the functions executed by the selected runs, per module

@@ -14,8 +14,12 @@ use fnscope_analysis::{add_function, settle_calls_min, Profile};
 use fnscope_format::{FunctionSummary, ModuleSummary, RunInfo};
 use sha2::{Digest, Sha256};
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::error::BoxDynError;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx::{AnyPool, AssertSqlSafe, Row, SqlSafeStr};
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use subtle::ConstantTimeEq;
 
 /// Errors of the store.
@@ -371,6 +375,43 @@ fn row_run(r: &AnyRow) -> Result<RunRow, sqlx::Error> {
     })
 }
 
+/// The schema's steps: version, description, SQL (PostgreSQL's spelling).
+const MIGRATIONS: [(i64, &str, &str); 1] =
+    [(1, "init", include_str!("../migrations/0001_init.sql"))];
+
+/// The migrations for one database: the SQL of [`MIGRATIONS`], with SQLite's spelling of an
+/// auto-numbered key where needed.
+#[derive(Debug)]
+struct Schema {
+    sqlite: bool,
+}
+
+impl<'s> MigrationSource<'s> for Schema {
+    fn resolve(
+        self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Migration>, BoxDynError>> + Send + 's>> {
+        Box::pin(async move {
+            Ok(MIGRATIONS
+                .iter()
+                .map(|&(version, description, sql)| {
+                    let sql = if self.sqlite {
+                        sql.replace("BIGSERIAL PRIMARY KEY", "INTEGER PRIMARY KEY AUTOINCREMENT")
+                    } else {
+                        sql.to_string()
+                    };
+                    Migration::new(
+                        version,
+                        description.into(),
+                        MigrationType::Simple,
+                        AssertSqlSafe(sql).into_sql_str(),
+                        false,
+                    )
+                })
+                .collect())
+        })
+    }
+}
+
 /// A statement put together at run time. Audited: only constant text, `$N` placeholders and
 /// integer ids ([`id_list`]) ever go into one; user text is always bound.
 fn audited(sql: String) -> sqlx::AssertSqlSafe<String> {
@@ -427,11 +468,7 @@ impl Store {
             })
             .connect(&url)
             .await?;
-        if sqlite {
-            sqlx::migrate!("migrations/sqlite").run(&pool).await?;
-        } else {
-            sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        }
+        Migrator::new(Schema { sqlite }).await?.run(&pool).await?;
         Ok(Store { pool })
     }
 

@@ -1,3 +1,5 @@
+-- One schema for both databases, written for PostgreSQL; for SQLite, store.rs spells
+-- `BIGSERIAL PRIMARY KEY` as `INTEGER PRIMARY KEY AUTOINCREMENT` (the one difference).
 -- Upload tokens: only their SHA-256 is kept.
 CREATE TABLE tokens (
     id BIGSERIAL PRIMARY KEY,
