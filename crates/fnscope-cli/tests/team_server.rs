@@ -507,7 +507,7 @@ fn bad_requests_are_refused_whole() {
         assert_eq!(get_json(&format!("{url}/api/runs")), Value::Array(vec![]), "{what} wrote a run");
         assert_eq!(get_json(&format!("{url}/api/hot"))["modules"], Value::Array(vec![]), "{what} wrote figures");
     }
-    for path in ["/api/runs/99", "/api/functions/99/0"] {
+    for path in ["/api/runs/99", "/api/functions/99/0", "/api/hot?runs=99", "/api/compare?a=99&b=98", "/hot?runs=99"] {
         let (status, text) = get(&format!("{url}{path}"));
         assert_eq!(status, 404, "{path}: {text}");
     }

@@ -306,11 +306,24 @@ async fn upload(State(st): State<Arc<AppState>>, req: Request) -> ApiResult<Resp
     })
 }
 
+/// The runs a selection picks; run ids that name no run are an error (404), not an empty
+/// selection.
+async fn select(st: &AppState, sel: &Selection) -> ApiResult<Vec<RunRow>> {
+    if let Some(ids) = &sel.ids {
+        let known = Selection { ids: Some(ids.clone()), ..Selection::default() };
+        let found: Vec<i64> = st.store.runs(&known).await?.iter().map(|r| r.id).collect();
+        if let Some(id) = ids.iter().find(|i| !found.contains(i)) {
+            return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no run {id}")));
+        }
+    }
+    Ok(st.store.runs(sel).await?)
+}
+
 async fn api_runs(
     State(st): State<Arc<AppState>>,
     Query(q): Params,
 ) -> ApiResult<Json<Vec<RunRow>>> {
-    Ok(Json(st.store.runs(&selection(&q)?).await?))
+    Ok(Json(select(&st, &selection(&q)?).await?))
 }
 
 async fn one_run(st: &AppState, id: i64) -> ApiResult<RunRow> {
@@ -357,7 +370,7 @@ pub struct HotModule {
 }
 
 async fn hot(st: &AppState, q: &[(String, String)]) -> ApiResult<Hot> {
-    let runs = st.store.runs(&selection(q)?).await?;
+    let runs = select(st, &selection(q)?).await?;
     let timed = runs.iter().any(|r| r.timed);
     let key = sort_key(q, timed)?;
     let (profile, modules) = st.store.profile(&runs, Want::Top(top_n(q)?, key)).await?;
@@ -483,7 +496,7 @@ async fn api_function(
 }
 
 async fn side_profile(st: &AppState, sel: &Selection, what: &str) -> ApiResult<Profile> {
-    let runs = st.store.runs(sel).await?;
+    let runs = select(st, sel).await?;
     if runs.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -512,7 +525,7 @@ async fn api_compare(
 }
 
 async fn coverage(st: &AppState, q: &[(String, String)]) -> ApiResult<fnscope_analysis::Coverage> {
-    let runs = st.store.runs(&selection(q)?).await?;
+    let runs = select(st, &selection(q)?).await?;
     let (p, _) = st.store.profile(&runs, Want::All).await?;
     // Reading module files for source lines is blocking work.
     tokio::task::spawn_blocking(move || fnscope_analysis::coverage(&p))
@@ -538,7 +551,7 @@ fn page(r: ApiResult<maud::Markup>) -> Response {
 }
 
 async fn page_runs(State(st): State<Arc<AppState>>, Query(q): Params) -> Response {
-    page(async { Ok(pages::runs(&st.store.runs(&selection(&q)?).await?, &q)) }.await)
+    page(async { Ok(pages::runs(&select(&st, &selection(&q)?).await?, &q)) }.await)
 }
 
 async fn page_hot(State(st): State<Arc<AppState>>, Query(q): Params) -> Response {
