@@ -367,12 +367,17 @@ fn technique_c(db: &str, runs: &Runs) -> Server {
     let trace = runs.dir.join("recorded-uploaded");
     let r = fnscope_cmd(&[
         "record", "--mode", "count", "-o", path_str(&trace), "--upload", url, "--token", &token, "--tag", "tester=dave",
-        "--", path_str(&runs.hot), "1", "2", "3", "4",
+        "--", path_str(&runs.hot), "0", "2", "3", "4",
     ]);
     assert_eq!(r.code, 0, "{}", r.describe());
     assert!(r.stdout.contains("uploaded as run"), "{}", r.describe());
     let (_, dave) = api_hot(url, "tag=tester=dave", "hot");
     assert_eq!(dave["f3"]["calls"], 3, "{dave:?}");
+    // f1 did not run in dave's run: its fewest calls in one run is 0 now.
+    let (_, all) = api_hot(url, "program=hot", "hot");
+    assert_eq!(all["f1"]["calls_min"], 0, "{all:?}");
+    assert_same_as_report(url, "program=hot", "hot", &[counted[0], counted[1], counted[2], &trace]);
+    assert_same_as_report(url, "tag=device=pc", "hot", &counted);
     server
 }
 
