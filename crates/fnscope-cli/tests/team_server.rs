@@ -85,6 +85,7 @@ impl Server {
                 }
                 Err(_) => {
                     let _ = child.kill();
+                    let _ = child.wait();
                     panic!("fnscope serve --db {db} did not start: {}", seen.join("\n"));
                 }
             }
@@ -495,7 +496,10 @@ fn bad_requests_are_refused_whole() {
     let mid = flipped.len() / 2;
     flipped[mid] ^= 0x5a;
     let big: Vec<u8> = (0..20_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let cases: Vec<(&str, Option<&str>, &str, Vec<u8>, u16, &str)> = vec![
+    // What is tried, with which token, content type and body; the status and a piece of
+    // the message expected.
+    type Case<'a> = (&'a str, Option<&'a str>, &'a str, Vec<u8>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         ("no token", None, CONTENT_TYPE, good.clone(), 401, "no upload token"),
         ("wrong token", Some("fns_wrong"), CONTENT_TYPE, good.clone(), 401, "unknown upload token"),
         ("wrong content type", Some(&token), "application/json", json.clone(), 415, "content type"),

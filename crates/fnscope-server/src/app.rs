@@ -310,7 +310,10 @@ async fn upload(State(st): State<Arc<AppState>>, req: Request) -> ApiResult<Resp
 /// selection.
 async fn select(st: &AppState, sel: &Selection) -> ApiResult<Vec<RunRow>> {
     if let Some(ids) = &sel.ids {
-        let known = Selection { ids: Some(ids.clone()), ..Selection::default() };
+        let known = Selection {
+            ids: Some(ids.clone()),
+            ..Selection::default()
+        };
         let found: Vec<i64> = st.store.runs(&known).await?.iter().map(|r| r.id).collect();
         if let Some(id) = ids.iter().find(|i| !found.contains(i)) {
             return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no run {id}")));

@@ -62,6 +62,7 @@ fn selection_form(action: &str, q: &[(String, String)], extra: Markup) -> Markup
     html! {
         form method="get" action=(action) {
             label { "program " input name="program" size="12" value=(value(q, "program")); }
+            label { "build " input name="build" size="14" placeholder="build-id HEX" value=(value(q, "build")); }
             label { "host " input name="host" size="10" value=(value(q, "host")); }
             label { "tag " input name="tag" size="14" placeholder="KEY=VALUE" value=(tags.first().copied().unwrap_or("")); }
             label { "since " input name="since" size="10" placeholder="YYYY-MM-DD" value=(value(q, "since")); }
@@ -71,6 +72,18 @@ fn selection_form(action: &str, q: &[(String, String)], extra: Markup) -> Markup
             input type="submit" value="Show";
         }
     }
+}
+
+/// A query parameter's value, percent-encoded: tags and build keys may hold spaces, `&`, `#`.
+fn url(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// A figure per run: whole numbers plainly, fractions with two decimals.
@@ -118,9 +131,9 @@ pub fn runs(runs: &[RunRow], q: &[(String, String)]) -> Markup {
                             td { a href={ "/hot?runs=" (r.id) } { (r.id) } }
                             td class="l" { (time_of(r.start_unix_ns)) }
                             td class="l" { (r.host) } td class="l" { (r.user) }
-                            td class="l" { a href={ "/hot?program=" (r.program) } { (r.program) } }
-                            td class="l" { (r.build) } td class="l" { code { (r.command) } } td class="l" { (r.mode) }
-                            td class="l" { @for (k, v) in &r.tags { a href={ "/hot?tag=" (k) "=" (v) } { (k) "=" (v) } " " } }
+                            td class="l" { a href={ "/hot?program=" (url(&r.program)) } { (r.program) } }
+                            td class="l" { a href={ "/hot?build=" (url(&r.build)) } { (r.build) } } td class="l" { code { (r.command) } } td class="l" { (r.mode) }
+                            td class="l" { @for (k, v) in &r.tags { a href={ "/hot?tag=" (url(&format!("{k}={v}"))) } { (k) "=" (v) } " " } }
                             td { (r.runs) } td { (r.calls) } td { (r.hooked) } td { (r.skipped) } td class="l" { (r.token) }
                         }
                     }
