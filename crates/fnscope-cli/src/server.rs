@@ -149,3 +149,19 @@ fn upload_one(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("2k"), Ok(2048));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        for bad in ["", "0", "M", "12T", "-1", "99999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -588,3 +588,62 @@ async fn page_coverage(State(st): State<Arc<AppState>>, Query(q): Params) -> Res
 pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> std::io::Result<()> {
     axum::serve(listener, router(state)).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn dates_and_seconds() {
+        assert_eq!(
+            parse_time("since", "2026-11-23").unwrap(),
+            1_795_392_000 * 1_000_000_000
+        );
+        assert_eq!(
+            parse_time("since", "2000-02-29").unwrap(),
+            951_782_400 * 1_000_000_000
+        );
+        assert_eq!(
+            parse_time("since", "1795392000").unwrap(),
+            1_795_392_000 * 1_000_000_000
+        );
+        for bad in ["yesterday", "2026-13-01", "2026-11", "99999999999999999999"] {
+            assert!(parse_time("since", bad).is_err(), "{bad}");
+        }
+        // The inverse the pages use agrees.
+        let days = parse_time("since", "2024-12-31").unwrap() / 86_400_000_000_000;
+        assert_eq!(fnscope_analysis::civil_from_days(days), (2024, 12, 31));
+    }
+
+    #[test]
+    fn selections() {
+        let s = selection(&q(&[
+            ("program", "game"),
+            ("tag", "tester=alice"),
+            ("tag", "device=a=b"),
+            ("runs", "3, 4"),
+        ]))
+        .unwrap();
+        assert_eq!(s.program.as_deref(), Some("game"));
+        assert_eq!(
+            s.tags,
+            [
+                ("tester".into(), "alice".into()),
+                ("device".into(), "a=b".into())
+            ]
+        );
+        assert_eq!(s.ids, Some(vec![3, 4]));
+        assert!(selection(&q(&[("tag", "novalue")])).is_err());
+        assert!(selection(&q(&[("runs", "1,x")])).is_err());
+        let a = side(&q(&[("a", "tester=bob"), ("runs", "1")]), "a").unwrap();
+        assert_eq!((a.tags.len(), a.ids), (1, None));
+        assert!(side(&q(&[]), "b").is_err());
+    }
+}

@@ -1017,3 +1017,76 @@ fn top(t: &Totals, n: usize, key: fnscope_analysis::SortKey) -> Vec<usize> {
     called.sort_by(by);
     called
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(calls: u64, total_ns: u64) -> FunctionSummary {
+        FunctionSummary {
+            calls,
+            calls_min: calls,
+            calls_max: calls,
+            timed_calls: calls,
+            total_ns,
+            self_ns: total_ns / 2,
+            min_ns: 1,
+            max_ns: total_ns,
+            ..FunctionSummary::default()
+        }
+    }
+
+    #[test]
+    fn counts_blobs_round_trip() {
+        let funcs = BTreeMap::from([(3, f(10, 500)), (70_000, f(1, 9))]);
+        let b = encode_counts(&funcs);
+        assert_eq!(b.len(), 2 * COUNT_ENTRY);
+        let back = decode_counts(&b, 1).unwrap();
+        assert_eq!(back, funcs.into_iter().collect::<Vec<_>>());
+        assert!(matches!(
+            decode_counts(&b[..b.len() - 1], 7),
+            Err(StoreError::Damaged(7))
+        ));
+    }
+
+    #[test]
+    fn totals_combine_like_combine() {
+        let mut t = Totals::default();
+        t.add(2, &f(7000, 70), 1);
+        t.add(2, &f(7300, 30), 1);
+        t.add(5, &f(4, 4), 2);
+        let t = Totals::decode(&t.encode(), 1).unwrap();
+        assert_eq!(t.runs_with, [0, 0, 2, 0, 0, 2]);
+        let g = &t.funcs[2];
+        assert_eq!((g.calls, g.calls_min, g.calls_max), (14_300, 7000, 7300));
+        assert_eq!((g.total_ns, g.min_ns, g.max_ns), (100, 1, 70));
+        let mut h = t.funcs[5].clone();
+        settle_calls_min(&mut h, t.runs_with[5], 3);
+        assert_eq!(h.calls_min, 0, "one run of three did not call it");
+        assert!(Totals::decode(&[0; TOTAL_ENTRY + 1], 4).is_err());
+    }
+
+    #[test]
+    fn run_keys_tell_runs_apart() {
+        let r = RunInfo {
+            command: vec!["a b".into()],
+            host: "h".into(),
+            start_unix_ns: 5,
+            mode: "count".into(),
+            ..RunInfo::default()
+        };
+        let mut moved = r.clone();
+        moved.trace = "elsewhere".into();
+        assert_eq!(
+            run_key(&r),
+            run_key(&moved),
+            "the trace's path is not part of the run"
+        );
+        let mut split = r.clone();
+        split.command = vec!["a".into(), "b".into()];
+        assert_ne!(run_key(&r), run_key(&split));
+        let mut later = r.clone();
+        later.start_unix_ns = 6;
+        assert_ne!(run_key(&r), run_key(&later));
+    }
+}

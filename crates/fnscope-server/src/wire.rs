@@ -84,7 +84,7 @@ impl Upload {
         let mut json = Vec::new();
         zstd::stream::read::Decoder::new(body)
             .map_err(WireError::Compression)?
-            .take(bound + 1)
+            .take(bound.saturating_add(1))
             .read_to_end(&mut json)
             .map_err(WireError::Compression)?;
         if json.len() as u64 > bound {
@@ -98,5 +98,58 @@ impl Upload {
             return Err(WireError::NoRun);
         }
         Ok(u)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upload() -> Upload {
+        Upload {
+            version: VERSION,
+            user: "u".into(),
+            runs: vec![RunInfo {
+                host: "h".into(),
+                mode: "count".into(),
+                ..RunInfo::default()
+            }],
+            modules: vec![ModuleSummary {
+                path: "/bin/x".into(),
+                ..ModuleSummary::default()
+            }],
+            ..Upload::default()
+        }
+    }
+
+    #[test]
+    fn bodies_round_trip_and_bad_ones_are_refused() {
+        let body = upload().encode().unwrap();
+        assert_eq!(Upload::decode(&body, 1 << 20).unwrap(), upload());
+        assert!(matches!(
+            Upload::decode(&body[..body.len() - 3], 1 << 20),
+            Err(WireError::Compression(_))
+        ));
+        assert!(matches!(
+            Upload::decode(b"{}", 1 << 20),
+            Err(WireError::Compression(_))
+        ));
+        let mut v2 = upload();
+        v2.version = 2;
+        assert!(matches!(
+            Upload::decode(&v2.encode().unwrap(), 1 << 20),
+            Err(WireError::Version(2))
+        ));
+        let mut empty = upload();
+        empty.runs.clear();
+        assert!(matches!(
+            Upload::decode(&empty.encode().unwrap(), 1 << 20),
+            Err(WireError::NoRun)
+        ));
+        let zeros = zstd::encode_all(&vec![b' '; 10_000][..], 3).unwrap();
+        assert!(matches!(
+            Upload::decode(&zeros, 100),
+            Err(WireError::TooLarge(6400))
+        ));
     }
 }
