@@ -45,6 +45,9 @@ pub fn serve(listen: &str, db: &str, max_upload: u64) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr().context("cannot read the listening address")?;
         eprintln!("fnscope: serving http://{addr}/ (database {db}, uploads up to {max_upload} bytes)");
+        if store.token_count().await.context("cannot read the tokens")? == 0 {
+            eprintln!("fnscope: no upload token yet: create one with `fnscope token create --name NAME --db {db}`");
+        }
         fnscope_server::serve(listener, AppState { store, max_upload }).await.context("the server stopped")
     })
 }

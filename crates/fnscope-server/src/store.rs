@@ -491,6 +491,14 @@ impl Store {
         Ok(token)
     }
 
+    /// How many upload tokens exist.
+    pub async fn token_count(&self) -> Result<i64, StoreError> {
+        let r = sqlx::query("SELECT COUNT(*) AS n FROM tokens")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(r.try_get("n")?)
+    }
+
     /// The name of the token `token`, if it is one; every stored hash is compared in
     /// constant time.
     pub async fn token_name(&self, token: &str) -> Result<Option<String>, StoreError> {
