@@ -189,8 +189,6 @@ pub struct FunctionRow {
     pub reason: String,
 }
 
-/// Bytes of one function's figures in a counts blob: the index (u32) and eight u64.
-const COUNT_ENTRY: usize = 4 + 8 * 8;
 /// Bytes of one function's running totals: the index (u32), runs with it (u64), eight u64.
 const TOTAL_ENTRY: usize = 4 + 9 * 8;
 /// Rows per multi-row INSERT of function tables (7 values each; both databases accept
@@ -272,32 +270,88 @@ fn read_u64s(b: &[u8], out: &mut [u64]) {
     }
 }
 
-/// A counts blob: for each function with calls, its index (u32 LE) then calls, calls_min,
-/// calls_max, timed_calls, total_ns, self_ns, min_ns, max_ns (u64 LE).
+/// Flag of a counts entry: calls_min and calls_max equal calls (an upload of one run).
+const ONE_RUN: u8 = 1;
+/// Flag of a counts entry: times follow.
+const TIMED: u8 = 2;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// A counts blob, compact because selections read one per selected run: for each function
+/// with calls, in index order, the index's increase over the previous one (varint), a flags
+/// byte ([`ONE_RUN`], [`TIMED`]), calls, then calls_min and calls_max unless `ONE_RUN`, then
+/// timed_calls, total_ns, self_ns, min_ns and max_ns if `TIMED` (all varints). A count-mode
+/// run costs about 4 bytes per called function.
 fn encode_counts(funcs: &BTreeMap<u32, FunctionSummary>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(funcs.len() * COUNT_ENTRY);
+    let mut out = Vec::with_capacity(funcs.len() * 5);
+    let mut prev = 0;
     for (&i, f) in funcs {
-        out.extend_from_slice(&i.to_le_bytes());
-        for v in figures(f) {
-            out.extend_from_slice(&v.to_le_bytes());
+        put_varint(&mut out, u64::from(i - prev));
+        prev = i;
+        let one_run = f.calls_min == f.calls && f.calls_max == f.calls;
+        let timed = f.timed_calls > 0 || f.total_ns > 0;
+        out.push(if one_run { ONE_RUN } else { 0 } | if timed { TIMED } else { 0 });
+        put_varint(&mut out, f.calls);
+        if !one_run {
+            put_varint(&mut out, f.calls_min);
+            put_varint(&mut out, f.calls_max);
+        }
+        if timed {
+            for v in [f.timed_calls, f.total_ns, f.self_ns, f.min_ns, f.max_ns] {
+                put_varint(&mut out, v);
+            }
         }
     }
     out
 }
 
 fn decode_counts(b: &[u8], module: i64) -> Result<Vec<(u32, FunctionSummary)>, StoreError> {
-    if !b.len().is_multiple_of(COUNT_ENTRY) {
-        return Err(StoreError::Damaged(module));
+    let damaged = || StoreError::Damaged(module);
+    let mut out = Vec::new();
+    let (mut at, mut idx) = (0usize, 0u64);
+    while at < b.len() {
+        idx += get_varint(b, &mut at).ok_or_else(damaged)?;
+        let flags = *b.get(at).ok_or_else(damaged)?;
+        at += 1;
+        if flags & !(ONE_RUN | TIMED) != 0 || idx > u64::from(u32::MAX) {
+            return Err(damaged());
+        }
+        let mut next = || get_varint(b, &mut at).ok_or_else(damaged);
+        let mut f = FunctionSummary {
+            calls: next()?,
+            ..FunctionSummary::default()
+        };
+        (f.calls_min, f.calls_max) = if flags & ONE_RUN != 0 {
+            (f.calls, f.calls)
+        } else {
+            (next()?, next()?)
+        };
+        if flags & TIMED != 0 {
+            [f.timed_calls, f.total_ns, f.self_ns, f.min_ns, f.max_ns] =
+                [next()?, next()?, next()?, next()?, next()?];
+        }
+        out.push((idx as u32, f));
     }
-    let mut v = [0u64; 8];
-    Ok(b.chunks_exact(COUNT_ENTRY)
-        .map(|e| {
-            read_u64s(&e[4..], &mut v);
-            let mut f = FunctionSummary::default();
-            set_figures(&mut f, &v);
-            (u32::from_le_bytes([e[0], e[1], e[2], e[3]]), f)
-        })
-        .collect())
+    Ok(out)
 }
 
 /// Running totals per function index: figures and how many runs had the function.
@@ -1046,15 +1100,42 @@ mod tests {
 
     #[test]
     fn counts_blobs_round_trip() {
-        let funcs = BTreeMap::from([(3, f(10, 500)), (70_000, f(1, 9))]);
+        let mut merged = f(30, 0);
+        (
+            merged.timed_calls,
+            merged.min_ns,
+            merged.calls_min,
+            merged.calls_max,
+        ) = (0, 0, 0, 20);
+        let counted = FunctionSummary {
+            calls: 300,
+            calls_min: 300,
+            calls_max: 300,
+            ..FunctionSummary::default()
+        };
+        let funcs = BTreeMap::from([
+            (0, counted),
+            (3, f(10, 500)),
+            (4, merged),
+            (70_000, f(1, 9)),
+        ]);
         let b = encode_counts(&funcs);
-        assert_eq!(b.len(), 2 * COUNT_ENTRY);
         let back = decode_counts(&b, 1).unwrap();
         assert_eq!(back, funcs.into_iter().collect::<Vec<_>>());
+        assert_eq!(
+            b[..4],
+            [0, ONE_RUN, 0xac, 0x02],
+            "index 0, one run, 300 calls"
+        );
         assert!(matches!(
             decode_counts(&b[..b.len() - 1], 7),
             Err(StoreError::Damaged(7))
         ));
+        assert!(
+            matches!(decode_counts(&[1, 4, 1], 7), Err(StoreError::Damaged(7))),
+            "unknown flag"
+        );
+        assert!(decode_counts(&[], 7).unwrap().is_empty());
     }
 
     #[test]
