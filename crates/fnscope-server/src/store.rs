@@ -324,9 +324,19 @@ fn encode_counts(funcs: &BTreeMap<u32, FunctionSummary>) -> Vec<u8> {
     out
 }
 
-fn decode_counts(b: &[u8], module: i64) -> Result<Vec<(u32, FunctionSummary)>, StoreError> {
+/// Reads a counts blob, handing each function's index and figures to `each`. One summary is
+/// reused: selections read millions of entries. Every function in a blob was called, so it
+/// was hooked in that run.
+fn decode_counts(
+    b: &[u8],
+    module: i64,
+    mut each: impl FnMut(u32, &FunctionSummary),
+) -> Result<(), StoreError> {
     let damaged = || StoreError::Damaged(module);
-    let mut out = Vec::new();
+    let mut f = FunctionSummary {
+        hooked: true,
+        ..FunctionSummary::default()
+    };
     let (mut at, mut idx) = (0usize, 0u64);
     while at < b.len() {
         idx += get_varint(b, &mut at).ok_or_else(damaged)?;
@@ -336,22 +346,20 @@ fn decode_counts(b: &[u8], module: i64) -> Result<Vec<(u32, FunctionSummary)>, S
             return Err(damaged());
         }
         let mut next = || get_varint(b, &mut at).ok_or_else(damaged);
-        let mut f = FunctionSummary {
-            calls: next()?,
-            ..FunctionSummary::default()
-        };
+        f.calls = next()?;
         (f.calls_min, f.calls_max) = if flags & ONE_RUN != 0 {
             (f.calls, f.calls)
         } else {
             (next()?, next()?)
         };
-        if flags & TIMED != 0 {
-            [f.timed_calls, f.total_ns, f.self_ns, f.min_ns, f.max_ns] =
-                [next()?, next()?, next()?, next()?, next()?];
-        }
-        out.push((idx as u32, f));
+        [f.timed_calls, f.total_ns, f.self_ns, f.min_ns, f.max_ns] = if flags & TIMED != 0 {
+            [next()?, next()?, next()?, next()?, next()?]
+        } else {
+            [0; 5]
+        };
+        each(idx as u32, &f);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Running totals per function index: figures and how many runs had the function.
@@ -912,9 +920,7 @@ impl Store {
                 .await?
                 {
                     let n = runs_of.get(&r.try_get::<i64, _>("upload_id")?).copied().unwrap_or(0) as u64;
-                    for (i, f) in decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, module)? {
-                        t.add(i as usize, &f, n);
-                    }
+                    decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, module, |i, f| t.add(i as usize, f, n))?;
                 }
                 t
             };
@@ -1029,8 +1035,13 @@ impl Store {
         .fetch_all(&self.pool)
         .await?
         {
-            let counts = decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, f.module)?;
-            let Some((_, s)) = counts.into_iter().find(|(i, _)| i64::from(*i) == f.idx) else { continue };
+            let mut found = None;
+            decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, f.module, |i, s| {
+                if i64::from(i) == f.idx {
+                    found = Some(s.clone());
+                }
+            })?;
+            let Some(s) = found else { continue };
             out.push(FunctionRun {
                 upload: r.try_get("id")?,
                 start_unix_ns: r.try_get("start_unix_ns")?,
@@ -1120,22 +1131,32 @@ mod tests {
             (70_000, f(1, 9)),
         ]);
         let b = encode_counts(&funcs);
-        let back = decode_counts(&b, 1).unwrap();
-        assert_eq!(back, funcs.into_iter().collect::<Vec<_>>());
+        let mut back = Vec::new();
+        decode_counts(&b, 1, |i, f| back.push((i, f.clone()))).unwrap();
+        let funcs: Vec<_> = funcs
+            .into_iter()
+            .map(|(i, f)| (i, FunctionSummary { hooked: true, ..f }))
+            .collect();
+        assert_eq!(back, funcs);
         assert_eq!(
             b[..4],
             [0, ONE_RUN, 0xac, 0x02],
             "index 0, one run, 300 calls"
         );
         assert!(matches!(
-            decode_counts(&b[..b.len() - 1], 7),
+            decode_counts(&b[..b.len() - 1], 7, |_, _| ()),
             Err(StoreError::Damaged(7))
         ));
         assert!(
-            matches!(decode_counts(&[1, 4, 1], 7), Err(StoreError::Damaged(7))),
+            matches!(
+                decode_counts(&[1, 4, 1], 7, |_, _| ()),
+                Err(StoreError::Damaged(7))
+            ),
             "unknown flag"
         );
-        assert!(decode_counts(&[], 7).unwrap().is_empty());
+        let mut none = 0;
+        decode_counts(&[], 7, |_, _| none += 1).unwrap();
+        assert_eq!(none, 0);
     }
 
     #[test]
