@@ -33,6 +33,7 @@ pub use info::{civil_from_days, info, render_info_text, ImageInfo, Info};
 pub use pdb::{pdb_functions, PdbFunction};
 pub use profile::{add_function, combine, load_all, settle_calls_min, Profile, MODE_MERGED};
 pub use replay::{replay_lines, replay_tree};
+pub use spill::{get as get_varint, put as put_varint};
 pub use report::{
     by_module, render_by_module_text, render_report_text, report, report_by_module_json,
     report_json, report_of, sort, FuncStats, ModuleStats, Report, SortKey, ThreadStats,

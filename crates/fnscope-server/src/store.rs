@@ -10,7 +10,7 @@
 //! [`fnscope_analysis::settle_calls_min`], the code of `report -i A -i B` and `merge`.
 
 use crate::wire::Upload;
-use fnscope_analysis::{add_function, settle_calls_min, Profile};
+use fnscope_analysis::{add_function, get_varint, put_varint, settle_calls_min, Profile};
 use fnscope_format::{FunctionSummary, ModuleSummary, RunInfo};
 use sha2::{Digest, Sha256};
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -235,31 +235,18 @@ fn run_key(r: &RunInfo) -> String {
     hex(&h.finalize())
 }
 
-/// The eight figures of a function, in blob order.
-fn figures(f: &FunctionSummary) -> [u64; 8] {
+/// The eight figures of a function, in the order running totals store them.
+fn figures(f: &mut FunctionSummary) -> [&mut u64; 8] {
     [
-        f.calls,
-        f.calls_min,
-        f.calls_max,
-        f.timed_calls,
-        f.total_ns,
-        f.self_ns,
-        f.min_ns,
-        f.max_ns,
+        &mut f.calls,
+        &mut f.calls_min,
+        &mut f.calls_max,
+        &mut f.timed_calls,
+        &mut f.total_ns,
+        &mut f.self_ns,
+        &mut f.min_ns,
+        &mut f.max_ns,
     ]
-}
-
-fn set_figures(f: &mut FunctionSummary, v: &[u64]) {
-    [
-        f.calls,
-        f.calls_min,
-        f.calls_max,
-        f.timed_calls,
-        f.total_ns,
-        f.self_ns,
-        f.min_ns,
-        f.max_ns,
-    ] = [v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]];
 }
 
 fn read_u64s(b: &[u8], out: &mut [u64]) {
@@ -274,27 +261,6 @@ fn read_u64s(b: &[u8], out: &mut [u64]) {
 const ONE_RUN: u8 = 1;
 /// Flag of a counts entry: times follow.
 const TIMED: u8 = 2;
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *b.get(*at)?;
-        *at += 1;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return Some(v);
-        }
-    }
-    None
-}
 
 /// A counts blob, compact because selections read one per selected run: for each function
 /// with calls, in index order, the index's increase over the previous one (varint), a flags
@@ -381,7 +347,9 @@ impl Totals {
             read_u64s(&e[4..], &mut v);
             t.grow(i + 1);
             t.runs_with[i] = v[0];
-            set_figures(&mut t.funcs[i], &v[1..]);
+            for (slot, x) in figures(&mut t.funcs[i]).into_iter().zip(&v[1..]) {
+                *slot = *x;
+            }
         }
         Ok(t)
     }
@@ -394,7 +362,8 @@ impl Totals {
             }
             out.extend_from_slice(&(i as u32).to_le_bytes());
             out.extend_from_slice(&n.to_le_bytes());
-            for v in figures(f) {
+            // Totals carry no names: the copy costs no allocation.
+            for v in figures(&mut f.clone()) {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
