@@ -160,7 +160,7 @@ pub struct Coverage {
 }
 
 /// `executed / hookable` as a percentage, `-` when nothing was hookable.
-pub(crate) fn percent(executed: u64, hookable: u64) -> String {
+pub fn percent(executed: u64, hookable: u64) -> String {
     if hookable == 0 {
         "-".to_string()
     } else {

@@ -125,12 +125,9 @@ pub fn info(path: &Path) -> Result<Info, AnalysisError> {
     })
 }
 
-/// Wall-clock time in UTC, `2026-11-22 02:10:33.123456789 UTC`.
-fn wall(ns: u64) -> String {
-    let secs = ns / 1_000_000_000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (H. Hinnant's `civil_from_days`), so that no
-    // calendar crate is needed for one line of output.
+/// The date (year, month, day) `days` days after 1970-01-01 (H. Hinnant's
+/// `civil_from_days`), so that no calendar crate is needed for a few dates in output.
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -139,7 +136,14 @@ fn wall(ns: u64) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Wall-clock time in UTC, `2026-11-22 02:10:33.123456789 UTC`.
+fn wall(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
     format!(
         "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:09} UTC",
         rem / 3600,

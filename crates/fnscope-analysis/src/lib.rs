@@ -24,15 +24,16 @@ pub use calls::{
     walk_calls, CallEvent, CallInfo, Ending, FunctionNames, Order, Selection, WalkContext,
 };
 pub use coverage::{
-    coverage, coverage_json, render_coverage_text, Coverage, CoveredFunction, FileCoverage,
-    FunctionStatus, ModuleCoverage, Sources,
+    coverage, coverage_json, percent, render_coverage_text, Coverage, CoveredFunction,
+    FileCoverage, FunctionStatus, ModuleCoverage, Sources,
 };
 pub use coverage_html::write_coverage_html;
 pub use diff::{diff, diff_json, render_diff_text, sort_diff, Diff, FuncDiff};
-pub use info::{info, render_info_text, ImageInfo, Info};
+pub use info::{civil_from_days, info, render_info_text, ImageInfo, Info};
 pub use pdb::{pdb_functions, PdbFunction};
-pub use profile::{combine, load_all, Profile, MODE_MERGED};
+pub use profile::{add_function, combine, load_all, settle_calls_min, Profile, MODE_MERGED};
 pub use replay::{replay_lines, replay_tree};
+pub use spill::{get as get_varint, put as put_varint};
 pub use report::{
     by_module, render_by_module_text, render_report_text, report, report_by_module_json,
     report_json, report_of, sort, FuncStats, ModuleStats, Report, SortKey, ThreadStats,

@@ -375,8 +375,9 @@ pub(crate) fn check_builds(parts: &[(&str, &Profile)], by_name: bool) -> Result<
 }
 
 /// Adds one input's totals of a function to the combined ones. `first` when the combined
-/// function has no input yet.
-fn add_function(o: &mut FunctionSummary, f: &FunctionSummary, first: bool) {
+/// function has no input yet. Public so that the team server combines stored runs exactly as
+/// [`combine`] does.
+pub fn add_function(o: &mut FunctionSummary, f: &FunctionSummary, first: bool) {
     if f.hooked && !o.hooked {
         o.hooked = true;
         o.reason.clear();
@@ -402,6 +403,14 @@ fn add_function(o: &mut FunctionSummary, f: &FunctionSummary, first: bool) {
         o.timed_calls += f.timed_calls;
         o.total_ns = o.total_ns.saturating_add(f.total_ns);
         o.self_ns = o.self_ns.saturating_add(f.self_ns);
+    }
+}
+
+/// Ends a combination: a function that `runs_with` of the `total_runs` runs had was not
+/// called at all in the others, so its fewest calls in one run is 0.
+pub fn settle_calls_min(f: &mut FunctionSummary, runs_with: u64, total_runs: u64) {
+    if runs_with < total_runs {
+        f.calls_min = 0;
     }
 }
 
@@ -458,9 +467,7 @@ pub fn combine(
     let total_runs = out.run_count();
     for (m, counts) in out.modules.iter_mut().zip(&runs_with) {
         for (f, &n) in m.functions.iter_mut().zip(counts) {
-            if n < total_runs {
-                f.calls_min = 0;
-            }
+            settle_calls_min(f, n, total_runs);
         }
         m.functions.sort_by_key(|f| f.address);
     }

@@ -181,7 +181,8 @@ impl SpillFile {
     }
 }
 
-fn put(out: &mut Vec<u8>, mut v: u64) {
+/// Appends `v` as an LEB128 varint (7 bits a byte, low first).
+pub fn put(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;
@@ -189,7 +190,8 @@ fn put(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn get(b: &[u8], at: &mut usize) -> Option<u64> {
+/// Reads the LEB128 varint at `*at` and moves past it; `None` when `b` ends inside it.
+pub fn get(b: &[u8], at: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     for i in 0..10 {
         let byte = *b.get(*at)?;

@@ -402,6 +402,13 @@ pub fn request_snapshot(pid: u32) -> Result<PathBuf> {
     }
 }
 
+/// The snapshot folders of a flight recording into `dir`, in the order they were taken.
+pub fn snapshot_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut n = existing_snapshots(dir);
+    n.sort_unstable();
+    n.into_iter().map(|n| snapshot_dir(dir, n)).collect()
+}
+
 /// Numbers of the snapshot folders in `dir`.
 fn existing_snapshots(dir: &Path) -> Vec<u32> {
     std::fs::read_dir(dir)

@@ -5,6 +5,7 @@ mod export;
 mod flight;
 mod funcs;
 mod record;
+mod server;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -15,6 +16,19 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create an upload token and print it (only this once).
+    Create {
+        /// A name to recognise the token by (who or what uploads with it).
+        #[arg(long)]
+        name: String,
+        /// Database of the server.
+        #[arg(long, default_value = "sqlite:fnscope.db")]
+        db: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -52,6 +66,15 @@ enum Command {
         filters: record::FilterArgs,
         #[command(flatten)]
         flight: flight::FlightArgs,
+        /// Once recorded, upload the run to the fnscope server at URL.
+        #[arg(long, value_name = "URL")]
+        upload: Option<String>,
+        /// Upload token (default: $FNSCOPE_TOKEN); with --upload.
+        #[arg(long, requires = "upload")]
+        token: Option<String>,
+        /// KEY=VALUE tag of the uploaded run (repeatable); with --upload.
+        #[arg(long = "tag", value_name = "KEY=VALUE", requires = "upload")]
+        tags: Vec<String>,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
         command: Vec<String>,
@@ -61,6 +84,39 @@ enum Command {
     Snapshot {
         /// Process id of the traced program (or of any of its traced processes).
         pid: u32,
+    },
+    /// Serve the team server: uploaded runs in one database, hot functions on web pages and
+    /// as JSON under /api/.
+    Serve {
+        /// Address and port to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Database: sqlite:FILE (created if missing) or postgres://USER@HOST:PORT/DB.
+        #[arg(long, default_value = "sqlite:fnscope.db")]
+        db: String,
+        /// Largest upload accepted (compressed), in bytes or with K, M or G.
+        #[arg(long, default_value = "64M", value_parser = server::parse_size)]
+        max_upload: u64,
+    },
+    /// Manage the server's upload tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Send recorded or merged traces to an fnscope server.
+    Upload {
+        /// Server URL, for example http://127.0.0.1:8080.
+        #[arg(long, value_name = "URL")]
+        server: String,
+        /// Upload token (default: $FNSCOPE_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+        /// KEY=VALUE tag of the runs: tester, device, build, task... (repeatable).
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+        /// Trace folders (or trace.fns files), recorded or merged.
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<PathBuf>,
     },
     /// Show the recorded calls in time order.
     Replay {
@@ -339,15 +395,38 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, filters, flight, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, filters, flight, upload, token, tags, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
             let filters = filters.check(count)?;
             let flight = flight.check(count)?;
             let plan_cache = !no_cache;
+            let trace = output.clone();
+            let flight_mode = flight.is_some();
             let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, filters, flight, command })?;
+            if let Some(server) = upload {
+                // A flight recording's calls are in its snapshots.
+                let runs = if flight_mode { flight::snapshot_dirs(&trace) } else { vec![trace] };
+                if runs.is_empty() {
+                    eprintln!("fnscope: no snapshot was taken: nothing to upload");
+                } else {
+                    server::upload(&server::UploadOptions { server, token, tags }, &runs)?;
+                }
+            }
             Ok(out.exit_code)
+        }
+        Command::Serve { listen, db, max_upload } => {
+            server::serve(&listen, &db, max_upload)?;
+            Ok(0)
+        }
+        Command::Token { command: TokenCommand::Create { name, db } } => {
+            server::token_create(&db, &name)?;
+            Ok(0)
+        }
+        Command::Upload { server, token, tags, runs } => {
+            server::upload(&server::UploadOptions { server, token, tags }, &runs)?;
+            Ok(0)
         }
         Command::Replay { input, format, tid } => {
             refuse_untimed(&input)?;
