@@ -882,6 +882,24 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
     }
 }
 
+/// The return-address slot of this thread's newest open call of function `id`, if any: the
+/// frame a managed runtime says caught an exception (see [`crate::mono`]).
+pub fn newest_slot_of(id: u32) -> Option<u64> {
+    let st = current()?;
+    // SAFETY: `st` is this thread's state; entries between base and top are initialised.
+    unsafe {
+        let mut p = (*st).ss_top;
+        while p > (*st).ss_base {
+            p -= 32;
+            let e = p as *const ShadowEntry;
+            if (*e).id == u64::from(id) {
+                return Some((*e).slot);
+            }
+        }
+    }
+    None
+}
+
 /// Records every call still on the shadow stack as ending at `now`, without popping them.
 ///
 /// # Safety
