@@ -41,6 +41,9 @@ pub const MODULE_NAME: &str = "[mono]";
 /// Bytes of each trampoline area for managed methods (slots are 48 to 96 bytes).
 const AREA_LEN: usize = 1 << 20;
 
+/// `MONO_PROFILER_CODE_BUFFER_METHOD` (profiler.h).
+const CODE_BUFFER_METHOD: c_int = 0;
+
 /// `MONO_EXCEPTION_CLAUSE_NONE`: a `catch` clause (metadata.h).
 const CLAUSE_CATCH: c_int = 0;
 
@@ -59,8 +62,9 @@ static ATTACHED: AtomicBool = AtomicBool::new(false);
 struct State {
     /// Index of [`MODULE_NAME`] in the image table, once listed.
     module: Option<u32>,
-    /// Trampoline areas for managed methods, with the bytes used in each.
-    areas: Vec<(Area, usize)>,
+    /// Trampoline areas for managed methods, with the bytes used in each and the stub their
+    /// slots jump to.
+    areas: Vec<(Area, usize, u64)>,
     /// Hooked code by entry address: the function id and the jump written there, to tell a
     /// method reported twice from new code at a freed method's address.
     by_addr: HashMap<u64, (u32, [u8; fnscope_x86::JMP_LEN])>,
@@ -96,7 +100,7 @@ pub fn attach() {
     if ATTACHED.load(Ordering::Acquire) || !present() {
         return;
     }
-    let names: [&CStr; 9] = [
+    let names: [&CStr; 10] = [
         c"mono_profiler_create",
         c"mono_profiler_set_jit_done_callback",
         c"mono_profiler_set_method_free_callback",
@@ -106,6 +110,7 @@ pub fn attach() {
         c"mono_jit_info_get_code_size",
         c"mono_method_full_name",
         c"mono_free",
+        c"mono_profiler_set_jit_code_buffer_callback",
     ];
     let p: Vec<*mut c_void> = names.iter().map(|n| sym(n)).collect();
     if let Some(i) = p.iter().position(|p| p.is_null()) {
@@ -135,6 +140,7 @@ pub fn attach() {
             return;
         }
         let set = |i: usize, cb: *const c_void| std::mem::transmute::<*mut c_void, SetCallback>(p[i])(handle, cb);
+        set(9, jit_code_buffer as *const c_void);
         set(1, jit_done as *const c_void);
         set(2, method_free as *const c_void);
         if !crate::count_mode() {
@@ -147,30 +153,58 @@ pub fn attach() {
     }
 }
 
-/// Mono compiled `method` (or loaded its ahead-of-time code): hook it.
+/// Mono generated code: for `MONO_PROFILER_CODE_BUFFER_METHOD`, a method's code, final but
+/// not yet published (other threads cannot reach it): hook it now. Code of other kinds
+/// (trampolines, helpers) is not a method of the program's.
+extern "C" fn jit_code_buffer(_prof: *mut c_void, buffer: *const u8, size: u64, kind: c_int, data: *const c_void) {
+    if kind == CODE_BUFFER_METHOD && !data.is_null() {
+        hook_reported(data as *mut c_void, buffer as u64, size);
+    }
+}
+
+/// Mono compiled `method` or loaded its ahead-of-time code. Compiled code was hooked when its
+/// buffer was reported (this comes after Mono published it, when another thread may be
+/// running it already); code loaded ahead of time is hooked here.
 extern "C" fn jit_done(_prof: *mut c_void, method: *mut c_void, jinfo: *mut c_void) {
     let Some(api) = API.get() else { return };
-    if !crate::active() || jinfo.is_null() {
+    if jinfo.is_null() {
         return;
     }
-    // SAFETY: Mono passes a valid MonoJitInfo and MonoMethod for the duration of the callback;
-    // the name is a NUL-terminated string Mono allocated for us to free with mono_free.
-    let (start, size, name) = unsafe {
-        let start = (api.code_start)(jinfo) as u64;
-        let size = (api.code_size)(jinfo);
+    // SAFETY: Mono passes a valid MonoJitInfo for the duration of the callback.
+    let (start, size) = unsafe { ((api.code_start)(jinfo) as u64, (api.code_size)(jinfo)) };
+    hook_reported(method, start, u64::try_from(size).unwrap_or(0));
+}
+
+/// Hooks the code `[start, start + size)` of `method` unless it is hooked already.
+fn hook_reported(method: *mut c_void, start: u64, size: u64) {
+    let Some(api) = API.get() else { return };
+    if !crate::active() || start == 0 || size == 0 || method.is_null() {
+        return;
+    }
+    let known = |st: &State| st.by_addr.get(&start).is_some_and(|(_, jump)| {
+        // SAFETY: Mono reported at least `size` bytes of code at `start`, and the jump was
+        // written there before, so `start` holds at least JMP_LEN bytes.
+        unsafe { std::slice::from_raw_parts(start as *const u8, jump.len()) == jump }
+    });
+    if crate::with_tracer(|_| known(&STATE.lock().unwrap_or_else(|e| e.into_inner()))) != Some(false) {
+        return;
+    }
+    // SAFETY: Mono passes a valid MonoMethod for the duration of the callback; the name is a
+    // NUL-terminated string Mono allocated for us to free with mono_free.
+    let name = unsafe {
         let raw = (api.full_name)(method, 1);
         let name = if raw.is_null() { format!("method_{start:x}") } else { CStr::from_ptr(raw).to_string_lossy().into_owned() };
         if !raw.is_null() {
             (api.free)(raw as *mut c_void);
         }
-        (start, size, name)
+        name
     };
-    if start == 0 || size <= 0 {
-        return;
-    }
     crate::with_tracer(|t| {
         let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = hook_method(t, &mut st, method as usize, start, size as u64, &name) {
+        if known(&st) {
+            return;
+        }
+        if let Err(e) = hook_method(t, &mut st, method as usize, start, size, &name) {
             crate::warn(&format!("managed method {name}: {e}"));
         }
     });
@@ -208,14 +242,6 @@ extern "C" fn exception_clause(_prof: *mut c_void, method: *mut c_void, _index: 
 /// Hooks the code `[start, start + size)` of `method`: lists it in the image table (file
 /// first, so that every id a record carries is named), builds its slot and writes its jump.
 fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: u64, name: &str) -> Result<(), String> {
-    if let Some((id, jump)) = st.by_addr.get(&start) {
-        // SAFETY: `start` is the entry of code Mono just reported, readable for `size` bytes,
-        // and at least JMP_LEN long (it was hooked before).
-        if unsafe { std::slice::from_raw_parts(start as *const u8, jump.len()) } == jump {
-            st.by_method.insert(method, (*id, start));
-            return Ok(());
-        }
-    }
     let midx = match st.module {
         Some(m) => m,
         None => {
@@ -225,7 +251,8 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
             m
         }
     };
-    let kind = t.kind;
+    let walker = t.kind == SlotKind::Trace && walks_stack(name);
+    let kind = if walker { SlotKind::Prehook } else { t.kind };
     let ra = if kind == SlotKind::Trace { ReturnAddress::Replaced } else { ReturnAddress::Kept };
     // SAFETY: Mono reported `size` bytes of code at `start`; it stays mapped while the method
     // can run.
@@ -239,18 +266,28 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     };
     let code_offset = if kind == SlotKind::Count { COUNT_CODE_OFFSET } else { SLOT_CODE_OFFSET };
     let slot_len = hook::round_up(code_offset + fnscope_x86::max_relocated_len(hook.relocate_len.into()), 16);
-    let slot = take_slot(st, start, start + size, slot_len)?;
+    let target = match kind {
+        SlotKind::Trace => stubs::fnscope_entry as *const () as u64,
+        SlotKind::Prehook => stubs::fnscope_prehook as *const () as u64,
+        SlotKind::Count => stubs::fnscope_count_init as *const () as u64,
+    };
+    let (slot, area_base) = take_slot(st, start, start + size, slot_len, target)?;
     let code_at = slot + code_offset as u64;
     let reloc = fnscope_x86::relocate(&code[..hook.relocate_len.into()], start, code_at).map_err(|e| e.to_string())?;
     let entry = if kind == SlotKind::Count { slot + COUNT_TAIL as u64 } else { slot };
     let jumps = hook.patches(start, entry).ok_or("trampoline out of reach")?;
     let [jump] = jumps.as_slice() else { return Err("unexpected hook form".into()) };
     let max_id = if kind == SlotKind::Count { count::capacity() } else { u32::MAX };
-    let Some((id, line)) = t.table.add_generated_func(midx, start, size, name, max_id) else {
-        return Err("no counter left for it (count mode)".into());
+    let (id, line) = if walker {
+        let line = format!(
+            "skip\t{midx}\t{start:x}\t{size}\t{}\tMono walks the stack here: a pre-hook gives hooked frames their return addresses back\t{}\n",
+            fnscope_abi::skip_reason::STACK_WALKER,
+            name.replace(['\t', '\n'], " ")
+        );
+        (crate::unwind::KIND_MONO_WALK, line)
+    } else {
+        t.table.add_generated_func(midx, start, size, name, max_id).ok_or("no counter left for it (count mode)")?
     };
-    let area_base = st.areas.last().map(|a| a.0.base).filter(|&b| slot >= b && slot < b + AREA_LEN as u64);
-    let area_base = area_base.or_else(|| st.areas.iter().map(|a| a.0.base).find(|&b| slot >= b && slot < b + AREA_LEN as u64)).ok_or("slot outside its area")?;
     let head = match kind {
         SlotKind::Count => hook::count_head(slot, area_base, id),
         _ => hook::trace_head(slot, area_base, id),
@@ -272,24 +309,42 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     let bytes: [u8; fnscope_x86::JMP_LEN] = jump.bytes().try_into().map_err(|_| "unexpected jump length")?;
     write_jump(start, &bytes)?;
     st.by_addr.insert(start, (id, bytes));
-    st.by_method.insert(method, (id, start));
+    if !walker {
+        st.by_method.insert(method, (id, start));
+    }
     Ok(())
 }
 
-/// Reserves `len` bytes for a slot within reach of `[lo, hi)`, in an existing area or a new one.
-fn take_slot(st: &mut State, lo: u64, hi: u64, len: usize) -> Result<u64, String> {
+/// Whether Mono's native code behind the managed-to-native wrapper `name` walks the calling
+/// thread's managed stack: stack traces, and the lookups of a caller's method or assembly
+/// (those that take a `StackCrawlMark`, `Type.GetType(string)` among them).
+fn walks_stack(name: &str) -> bool {
+    const WALKERS: &[&str] = &[
+        "System.Diagnostics.StackFrame:get_frame_info ",
+        "System.Diagnostics.StackTrace:get_trace ",
+        "System.Reflection.Assembly:GetCallingAssembly ",
+        "System.Reflection.Assembly:GetExecutingAssembly ",
+        "System.Reflection.MethodBase:GetCurrentMethod ",
+        "System.Reflection.RuntimeMethodInfo:GetCurrentMethod ",
+    ];
+    name.strip_prefix("(wrapper managed-to-native) ")
+        .is_some_and(|m| m.contains("StackCrawlMark") || WALKERS.iter().any(|w| m.starts_with(w)))
+}
+
+/// Reserves `len` bytes for a slot within reach of `[lo, hi)` in an area whose slots jump to
+/// `target`, an existing area or a new one. Returns the slot and its area's base.
+fn take_slot(st: &mut State, lo: u64, hi: u64, len: usize, target: u64) -> Result<(u64, u64), String> {
     const REACH: u64 = (1 << 31) - (1 << 20);
     let fits = |a: &Area, used: usize| {
         let (s, e) = (a.base + used as u64, a.base + (used + len) as u64);
         used + len <= a.len && e <= lo.saturating_add(REACH) && s >= hi.saturating_sub(REACH)
     };
-    if let Some((a, used)) = st.areas.iter_mut().rev().find(|(a, used)| fits(a, *used)) {
+    if let Some((a, used, _)) = st.areas.iter_mut().rev().find(|(a, used, t)| *t == target && fits(a, *used)) {
         let slot = a.base + *used as u64;
         *used += len;
-        return Ok(slot);
+        return Ok((slot, a.base));
     }
     let area = hook::alloc_near(lo, hi, AREA_LEN).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
-    let target = if crate::count_mode() { stubs::fnscope_count_init as *const () as u64 } else { stubs::fnscope_entry as *const () as u64 };
     // SAFETY: a fresh read-write mapping of AREA_LEN bytes; the header is its first 16.
     unsafe {
         *(area.base as *mut u64) = target;
@@ -298,9 +353,9 @@ fn take_slot(st: &mut State, lo: u64, hi: u64, len: usize) -> Result<u64, String
     // Slots are added while other threads run the area's earlier ones, so it stays
     // executable (and writable) throughout instead of changing protection per method.
     hook::set_prot(area.base, area.len, PROT_READ | PROT_WRITE | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
-    let slot = area.base + AREA_HEADER as u64;
-    st.areas.push((area, AREA_HEADER + len));
-    Ok(slot)
+    let (slot, base) = (area.base + AREA_HEADER as u64, area.base);
+    st.areas.push((area, AREA_HEADER + len, target));
+    Ok((slot, base))
 }
 
 /// Writes the 5-byte entry jump at `at`, making the page writable for the time it takes if

@@ -854,6 +854,16 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
     }
 }
 
+/// A runtime is about to walk this thread's stack by return address (Mono's stack traces and
+/// caller lookups): every hooked frame gets its real return address back, for good. Those
+/// calls then return without passing the exit stub; each is recorded as unwound when the next
+/// hooked entry or exit finds it gone (counts stay exact, their ends are late).
+pub fn disarm() {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
+    unsafe { set_return_addresses(st, false) };
+}
+
 /// Exception `exception` was caught by code whose stack pointer is `caller_rsp`. When no
 /// other exception is in flight, frames below that are gone (recorded as unwound), and the
 /// frames above are live again and get their exit stub back.
