@@ -43,6 +43,11 @@ enum Command {
         /// own). Forked processes are the same program and stay traced.
         #[arg(long)]
         no_follow_exec: bool,
+        /// Mono programs: turn the JIT's inlining off (adds `-O=-inline` to
+        /// `MONO_ENV_OPTIONS`), so that every call of a managed method is a call of its own
+        /// code and counts are exact. Slower: the small methods Mono inlines become calls.
+        #[arg(long)]
+        mono_no_inline: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
         command: Vec<String>,
@@ -324,11 +329,11 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, mono_no_inline, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, command })?;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, mono_no_inline, command })?;
             Ok(out.exit_code)
         }
         Command::Replay { input, format, tid } => {

@@ -27,8 +27,20 @@ pub struct RecordOptions {
     pub count: bool,
     /// Trace the programs the program runs with `exec` too.
     pub follow_exec: bool,
+    /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
+    pub mono_no_inline: bool,
     /// Program and arguments.
     pub command: Vec<String>,
+}
+
+/// `MONO_ENV_OPTIONS` with Mono's inliner turned off, keeping the options the user set.
+fn mono_no_inline(old: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
+    let mut v = old.map(std::ffi::OsStr::to_os_string).unwrap_or_default();
+    if !v.is_empty() {
+        v.push(" ");
+    }
+    v.push("-O=-inline");
+    v
 }
 
 /// Finds `name` the way a shell would: as a path if it contains `/`, else on `PATH`.
@@ -309,6 +321,9 @@ impl Drop for Region {
     }
 }
 
+/// See [`Recorder::image_copied`].
+const IMAGE_RECOPY: Duration = Duration::from_millis(250);
+
 /// State of the copying loop.
 struct Recorder {
     region: Region,
@@ -318,6 +333,12 @@ struct Recorder {
     /// Size and modification time of each image table when it was copied: a table grows when
     /// the program loads a library with `dlopen`, and is then copied again.
     image_stamps: HashMap<u32, (u64, std::time::SystemTime)>,
+    /// When each table was last copied. A table that grows function by function (Mono's
+    /// methods as they are compiled) is copied again at most every [`IMAGE_RECOPY`] while the
+    /// program runs, and whole at the end: each copy holds the whole table.
+    image_copied: HashMap<u32, Instant>,
+    /// Copy every changed table now (the program is done).
+    images_final: bool,
     pids: BTreeSet<u32>,
     calls: u64,
     images_checked: bool,
@@ -349,13 +370,22 @@ impl Recorder {
                 Some((sid, e.path(), (m.len(), m.modified().ok()?)))
             })
             .filter(|(sid, _, stamp)| self.image_stamps.get(sid) != Some(stamp))
+            .filter(|(sid, _, _)| self.images_final || self.image_copied.get(sid).is_none_or(|t| t.elapsed() >= IMAGE_RECOPY))
             .collect();
         found.sort_by_key(|f| f.0);
         for (sid, p, stamp) in found {
-            let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            let mut text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            // The agent appends whole lines while this reads: a line cut short is read again
+            // next time, whole.
+            let whole = text.rfind('\n').map_or(0, |i| i + 1);
+            if whole < text.len() {
+                text.truncate(whole);
+            } else {
+                self.image_stamps.insert(sid, stamp);
+            }
             self.writer.write_image(sid, &text)?;
             self.images_written.insert(sid);
-            self.image_stamps.insert(sid, stamp);
+            self.image_copied.insert(sid, Instant::now());
         }
         Ok(())
     }
@@ -583,10 +613,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if !opts.follow_exec {
         cmd.env(fnscope_abi::ENV_NO_FOLLOW, "1");
     }
+    if opts.mono_no_inline {
+        cmd.env("MONO_ENV_OPTIONS", mono_no_inline(std::env::var_os("MONO_ENV_OPTIONS").as_deref()));
+    }
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();
     let child_pid = child.id() as libc::pid_t;
-    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), image_stamps: HashMap::new(), images_checked: false, pids: BTreeSet::new(), calls: 0, thread_names: BTreeMap::new() };
+    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), image_stamps: HashMap::new(), image_copied: HashMap::new(), images_final: false, images_checked: false, pids: BTreeSet::new(), calls: 0, thread_names: BTreeMap::new() };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
     loop {
@@ -633,6 +666,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     }
     rec.drain()?;
     rec.harvest(true)?;
+    rec.images_final = true;
     rec.copy_images()?;
     let counted = copy_counts(&dir, &mut rec.writer, &mut rec.pids)?;
     let (tsc1, mono1, real1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));

@@ -1,0 +1,172 @@
+//! Managed code on Mono: C# programs compiled by `mcs` here run under `fnscope record`
+//! exactly as they run natively, and every managed method's calls in the trace equal the
+//! program's own count of them.
+//!
+//! Mono (`mono-runtime`, `mono-mcs`) must be installed: these tests fail without it (see
+//! `.ci/run`), they never skip.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+const SOURCE: &str = include_str!("programs/mono_calls.cs");
+
+fn tool(name: &str) -> PathBuf {
+    find_in_path(name).unwrap_or_else(|| {
+        panic!("`{name}` is not installed: apt-get install mono-runtime mono-mcs (see .ci/run)")
+    })
+}
+
+/// Compiles `source` with `mcs` into `dir/NAME.exe`.
+fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
+    let cs = dir.join(format!("{name}.cs"));
+    std::fs::write(&cs, source).expect("write the C# source");
+    let exe = dir.join(format!("{name}.exe"));
+    let r = run(
+        Command::new(tool("mcs")).arg(format!("-out:{}", exe.display())).arg(&cs),
+        b"",
+        TIMEOUT,
+    );
+    assert_eq!(r.code, 0, "mcs failed: {}", r.describe());
+    exe
+}
+
+/// The program's own counts: its `COUNT key n` lines.
+fn own_counts(stdout: &str) -> BTreeMap<String, u64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("COUNT "))
+        .map(|l| {
+            let (k, n) = l.split_once(' ').expect("COUNT key n");
+            (k.to_string(), n.parse().expect("a count"))
+        })
+        .collect()
+}
+
+/// The methods (as Mono names them) whose calls each key of the program counts. Generic code
+/// shared between reference types carries Mono's name of the shared code (`T_REF`).
+const METHODS: &[(&str, &[&str])] = &[
+    ("fib", &["P:Fib (int)"]),
+    ("max", &["P:Max<int> (int,int)", "P:Max<double> (double,double)", "P:Max<T_REF> (T_REF,T_REF)"]),
+    ("speakDog", &["Dog:Speak ()"]),
+    ("speakCat", &["Cat:Speak ()"]),
+    ("areaSquare", &["Square:Area ()"]),
+    ("areaCircle", &["Circle:Area ()"]),
+    ("boxInt", &["Box`1<int>:Get ()"]),
+    ("boxString", &["Box`1<T_REF>:Get ()"]),
+    ("level1", &["P:Level1 (int)"]),
+    ("level2", &["P:Level2 (int)"]),
+    ("level3", &["P:Level3 (int)"]),
+    ("catcher", &["P:Catcher (int)"]),
+    ("deep", &["P:Deep (int)"]),
+    ("worker", &["P:Worker (object)"]),
+    ("update", &["HitEffectController:Update ()"]),
+    ("cctor", &["Config:.cctor ()"]),
+];
+
+/// Runs the program natively (inlining off, as `--mono-no-inline` sets it) and under
+/// `record RECORD_ARGS --mono-no-inline`; checks that output and exit code are the same and
+/// that each method's recorded calls equal the program's count. Returns the trace folder.
+fn counts_match(dir: &TempDir, record_args: &[&str]) -> PathBuf {
+    let exe = compile(dir, "calls", SOURCE);
+    let mut args: Vec<&str> = record_args.to_vec();
+    args.push("--mono-no-inline");
+    let inv = Invocation::new(tool("mono"), dir.path()).args(&[path_str(&exe), "60"]).record_args(&args);
+    let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
+    assert_eq!(native.code, 3, "the program itself failed: {}", native.describe());
+    let trace = dir.join("trace");
+    let recorded = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &recorded);
+    assert!(problems.is_empty(), "{problems:?}\n{}", recorded.describe());
+    let own = own_counts(&native.stdout);
+    assert_eq!(own.len(), METHODS.len(), "COUNT lines: {own:?}");
+    let calls = managed_calls(&trace);
+    let mut wrong = Vec::new();
+    for (key, names) in METHODS {
+        let got: u64 = names.iter().map(|n| calls.get(*n).copied().unwrap_or(0)).sum();
+        if got != own[*key] || own[*key] == 0 {
+            wrong.push(format!("{key} ({names:?}): the program counted {}, the trace has {got}", own[*key]));
+        }
+    }
+    assert!(wrong.is_empty(), "{}\n{}", wrong.join("\n"), info(&trace));
+    trace
+}
+
+/// Calls of each managed method, by name, from `report --json` (which has no times in count
+/// mode).
+fn managed_calls(trace: &Path) -> BTreeMap<String, u64> {
+    let r = fnscope_cmd(&["report", "-i", path_str(trace), "--json"]);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("report --json is JSON");
+    let mut out = BTreeMap::new();
+    for f in v.as_array().expect("an array") {
+        if f["module"] == "[mono]" {
+            let name = f["name"].as_str().expect("a name").to_string();
+            *out.entry(name).or_insert(0) += f["calls"].as_u64().expect("calls");
+        }
+    }
+    out
+}
+
+#[test]
+fn timing_mode_counts_every_managed_call_and_changes_nothing() {
+    let dir = TempDir::new("mono-time");
+    let trace = counts_match(&dir, &[]);
+    // The names reach the call-by-call views as Mono gives them.
+    let lines = fnscope_cmd(&["replay", "-i", path_str(&trace), "--format", "lines"]);
+    assert_eq!(lines.code, 0, "{}", lines.describe());
+    let enter = lines
+        .stdout
+        .lines()
+        .filter(|l| {
+            let Some((head, rest)) = l.split_once('[') else { return false };
+            head.parse::<u64>().is_ok() && rest.ends_with("]enter:HitEffectController:Update ()")
+        })
+        .count();
+    assert_eq!(enter, 4 * 60, "enter lines of HitEffectController:Update ()");
+}
+
+#[test]
+fn count_mode_counts_every_managed_call_and_changes_nothing() {
+    let dir = TempDir::new("mono-count");
+    counts_match(&dir, &["--mode", "count"]);
+}
+
+/// A program nobody here wrote: the C# compiler, compiling a C# file under tracing, writes
+/// the same assembly as natively but for the module's random id (MVID, 16 bytes).
+#[test]
+fn mcs_compiles_the_same_assembly_under_tracing() {
+    let dir = TempDir::new("mono-mcs");
+    let cs = dir.join("calls.cs");
+    std::fs::write(&cs, SOURCE).expect("write the C# source");
+    let (native_dir, traced_dir) = (dir.join("native"), dir.join("traced"));
+    for d in [&native_dir, &traced_dir] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let out = |d: &Path| format!("-out:{}", d.join("calls.exe").display());
+    let native = Invocation::new(tool("mcs"), dir.path()).args(&[out(&native_dir), path_str(&cs).to_string()]).run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let trace = dir.join("trace");
+    let traced = Invocation::new(tool("mcs"), dir.path()).args(&[out(&traced_dir), path_str(&cs).to_string()]).run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}");
+    let a = std::fs::read(native_dir.join("calls.exe")).expect("native output");
+    let b = std::fs::read(traced_dir.join("calls.exe")).expect("traced output");
+    assert_eq!(a.len(), b.len(), "assembly sizes differ");
+    let differ: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+    if let (Some(first), Some(last)) = (differ.first(), differ.last()) {
+        assert!(last - first < 16, "the assemblies differ beyond one 16-byte id: at {differ:?}");
+    }
+    let stats = report(&trace).expect("report");
+    let problems = report_invariants(&stats);
+    assert!(problems.is_empty(), "{problems:?}");
+    let managed = managed_calls(&trace);
+    let calls: u64 = managed.values().sum();
+    eprintln!("mcs: {} managed methods called, {calls} calls\n{}", managed.len(), info(&trace));
+    assert!(managed.iter().any(|(n, &c)| n.starts_with("Mono.CSharp.") && c > 0), "no calls of the compiler's own methods");
+    assert!(calls > 100_000, "only {calls} managed calls");
+}
