@@ -296,6 +296,7 @@ pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_in
     // SAFETY: `real` is the next definition of dlopen, with the same signature.
     let h = unsafe { std::mem::transmute::<usize, DlopenFn>(real)(filename, flags) };
     if !h.is_null() && active() {
+        mono::mappings_changed();
         mono::attach();
         let mut g = TRACER.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = g.as_mut() {

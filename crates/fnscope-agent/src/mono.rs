@@ -70,10 +70,23 @@ struct State {
     by_addr: HashMap<u64, (u32, [u8; fnscope_x86::JMP_LEN])>,
     /// Function id and entry address of each hooked method, by `MonoMethod` pointer.
     by_method: HashMap<usize, (u32, u64)>,
+    /// The process's mappings as last read: reading them again for each method would cost
+    /// more than all the rest of hooking it. See [`MAPS_STALE`].
+    maps: Vec<hook::Mapping>,
+}
+
+/// Set when the mappings may have changed in a way that matters to [`State::maps`]: Mono
+/// freed code (a chunk of it may be unmapped, and something else mapped there) or a library
+/// was loaded (Mono loads ahead-of-time code with `dlopen`, read-execute).
+static MAPS_STALE: AtomicBool = AtomicBool::new(true);
+
+/// Notes that mappings may have changed (see [`MAPS_STALE`]); called after `dlopen`.
+pub fn mappings_changed() {
+    MAPS_STALE.store(true, Ordering::Release);
 }
 
 static STATE: LazyLock<Mutex<State>> =
-    LazyLock::new(|| Mutex::new(State { module: None, areas: Vec::new(), by_addr: HashMap::new(), by_method: HashMap::new() }));
+    LazyLock::new(|| Mutex::new(State { module: None, areas: Vec::new(), by_addr: HashMap::new(), by_method: HashMap::new(), maps: Vec::new() }));
 
 /// Looks a symbol up among all loaded objects.
 fn sym(name: &CStr) -> *mut c_void {
@@ -100,7 +113,7 @@ pub fn attach() {
     if ATTACHED.load(Ordering::Acquire) || !present() {
         return;
     }
-    let names: [&CStr; 10] = [
+    let names: [&CStr; 11] = [
         c"mono_profiler_create",
         c"mono_profiler_set_jit_done_callback",
         c"mono_profiler_set_method_free_callback",
@@ -111,6 +124,7 @@ pub fn attach() {
         c"mono_method_full_name",
         c"mono_free",
         c"mono_profiler_set_jit_code_buffer_callback",
+        c"mono_profiler_set_jit_chunk_destroyed_callback",
     ];
     let p: Vec<*mut c_void> = names.iter().map(|n| sym(n)).collect();
     if let Some(i) = p.iter().position(|p| p.is_null()) {
@@ -141,6 +155,7 @@ pub fn attach() {
         }
         let set = |i: usize, cb: *const c_void| std::mem::transmute::<*mut c_void, SetCallback>(p[i])(handle, cb);
         set(9, jit_code_buffer as *const c_void);
+        set(10, jit_chunk_destroyed as *const c_void);
         set(1, jit_done as *const c_void);
         set(2, method_free as *const c_void);
         if !crate::count_mode() {
@@ -213,12 +228,18 @@ fn hook_reported(method: *mut c_void, start: u64, size: u64) {
 /// Mono frees `method`'s code (dynamic methods, unloaded domains). Nothing runs it any more;
 /// forgetting it lets code compiled later at the same address be hooked under its own name.
 extern "C" fn method_free(_prof: *mut c_void, method: *mut c_void) {
+    mappings_changed();
     crate::with_tracer(|_| {
         let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, addr)) = st.by_method.remove(&(method as usize)) {
             st.by_addr.remove(&addr);
         }
     });
+}
+
+/// Mono gives a chunk of code memory back.
+extern "C" fn jit_chunk_destroyed(_prof: *mut c_void, _chunk: *const u8) {
+    mappings_changed();
 }
 
 /// A managed exception is thrown; Mono walks the thread's managed frames next.
@@ -307,7 +328,7 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
         count::set_nfuncs(t.table.ids());
     }
     let bytes: [u8; fnscope_x86::JMP_LEN] = jump.bytes().try_into().map_err(|_| "unexpected jump length")?;
-    write_jump(start, &bytes)?;
+    write_jump(st, start, &bytes)?;
     st.by_addr.insert(start, (id, bytes));
     if !walker {
         st.by_method.insert(method, (id, start));
@@ -360,10 +381,23 @@ fn take_slot(st: &mut State, lo: u64, hi: u64, len: usize, target: u64) -> Resul
 
 /// Writes the 5-byte entry jump at `at`, making the page writable for the time it takes if
 /// it is not (code loaded ahead of time is mapped read-execute; JIT code is writable).
-fn write_jump(at: u64, bytes: &[u8; fnscope_x86::JMP_LEN]) -> Result<(), String> {
+fn write_jump(st: &mut State, at: u64, bytes: &[u8; fnscope_x86::JMP_LEN]) -> Result<(), String> {
     let page = at & !4095;
     let pages = if (at + bytes.len() as u64 - 1) & !4095 == page { 4096 } else { 8192 };
-    let prot = current_prot(page).ok_or_else(|| format!("no mapping holds the code at {at:#x}"))?;
+    let end = page + pages as u64;
+    let cached = |st: &State| -> Option<u32> {
+        let m = st.maps.iter().find(|m| m.lo <= page && page < m.hi)?;
+        // A jump over two pages of different mappings takes the stricter protection.
+        let n = st.maps.iter().find(|n| n.lo < end && end <= n.hi)?;
+        Some(m.prot & n.prot)
+    };
+    let mut prot = if MAPS_STALE.load(Ordering::Acquire) { None } else { cached(st) };
+    if prot.is_none() {
+        MAPS_STALE.store(false, Ordering::Release);
+        st.maps = hook::mappings();
+        prot = cached(st);
+    }
+    let prot = prot.ok_or_else(|| format!("no mapping holds the code at {at:#x}"))?;
     let writable = prot & PROT_WRITE != 0;
     if !writable {
         hook::set_prot(page, pages, prot | PROT_WRITE).map_err(|e| format!("cannot make its code writable: {e}"))?;
@@ -390,9 +424,4 @@ fn write_jump(at: u64, bytes: &[u8; fnscope_x86::JMP_LEN]) -> Result<(), String>
         let _ = hook::set_prot(page, pages, prot);
     }
     Ok(())
-}
-
-/// Protection of the page at `page`, from the kernel's map of this process.
-fn current_prot(page: u64) -> Option<u32> {
-    hook::mappings().into_iter().find(|m| m.lo <= page && page < m.hi).map(|m| m.prot)
 }
