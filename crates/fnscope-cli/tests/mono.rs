@@ -68,14 +68,15 @@ const METHODS: &[(&str, &[&str])] = &[
     ("cctor", &["Config:.cctor ()"]),
 ];
 
-/// Runs the program natively (inlining off, as `--mono-no-inline` sets it) and under
-/// `record RECORD_ARGS --mono-no-inline`; checks that output and exit code are the same and
-/// that each method's recorded calls equal the program's count. Returns the trace folder.
-fn counts_match(dir: &TempDir, record_args: &[&str]) -> PathBuf {
+/// Runs the program with `runner` (`mono`, or a program embedding Mono) natively (inlining
+/// off, as `--mono-no-inline` sets it) and under `record RECORD_ARGS --mono-no-inline`; checks
+/// that output and exit code are the same and that each method's recorded calls equal the
+/// program's count. Returns the trace folder.
+fn counts_match(dir: &TempDir, runner: &Path, record_args: &[&str]) -> PathBuf {
     let exe = compile(dir, "calls", SOURCE);
     let mut args: Vec<&str> = record_args.to_vec();
     args.push("--mono-no-inline");
-    let inv = Invocation::new(tool("mono"), dir.path()).args(&[path_str(&exe), "60"]).record_args(&args);
+    let inv = Invocation::new(runner, dir.path()).args(&[path_str(&exe), "60"]).record_args(&args);
     let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
     assert_eq!(native.code, 3, "the program itself failed: {}", native.describe());
     let trace = dir.join("trace");
@@ -115,7 +116,7 @@ fn managed_calls(trace: &Path) -> BTreeMap<String, u64> {
 #[test]
 fn timing_mode_counts_every_managed_call_and_changes_nothing() {
     let dir = TempDir::new("mono-time");
-    let trace = counts_match(&dir, &[]);
+    let trace = counts_match(&dir, &tool("mono"), &[]);
     // The names reach the call-by-call views as Mono gives them.
     let lines = fnscope_cmd(&["replay", "-i", path_str(&trace), "--format", "lines"]);
     assert_eq!(lines.code, 0, "{}", lines.describe());
@@ -133,7 +134,38 @@ fn timing_mode_counts_every_managed_call_and_changes_nothing() {
 #[test]
 fn count_mode_counts_every_managed_call_and_changes_nothing() {
     let dir = TempDir::new("mono-count");
-    counts_match(&dir, &["--mode", "count"]);
+    counts_match(&dir, &tool("mono"), &["--mode", "count"]);
+}
+
+/// A program embedding Mono through `libmonosgen-2.0`, built by gcc from
+/// `programs/mono_embed.c` with `defines`.
+fn embedder(dir: &TempDir, defines: &[&str]) -> PathBuf {
+    let c = dir.join("embed.c");
+    std::fs::write(&c, include_str!("programs/mono_embed.c")).expect("write the C source");
+    let flags = run(Command::new("pkg-config").args(["--cflags", "--libs", "monosgen-2"]), b"", TIMEOUT);
+    assert_eq!(flags.code, 0, "pkg-config monosgen-2 failed (apt-get install libmono-2.0-dev): {}", flags.describe());
+    let exe = dir.join("embed");
+    let r = run(
+        Command::new("gcc").args(defines).arg("-o").arg(&exe).arg(&c).args(flags.stdout.split_whitespace()).arg("-ldl"),
+        b"",
+        TIMEOUT,
+    );
+    assert_eq!(r.code, 0, "gcc failed: {}", r.describe());
+    exe
+}
+
+#[test]
+fn a_program_linked_with_libmonosgen_is_traced_like_mono() {
+    let dir = TempDir::new("mono-embed");
+    let exe = embedder(&dir, &[]);
+    counts_match(&dir, &exe, &[]);
+}
+
+#[test]
+fn libmonosgen_loaded_by_dlopen_is_traced_like_mono() {
+    let dir = TempDir::new("mono-dlopen");
+    let exe = embedder(&dir, &["-DLOAD_AT_RUN_TIME"]);
+    counts_match(&dir, &exe, &[]);
 }
 
 /// A program nobody here wrote: the C# compiler, compiling a C# file under tracing, writes
