@@ -202,3 +202,58 @@ fn mcs_compiles_the_same_assembly_under_tracing() {
     assert!(managed.iter().any(|(n, &c)| n.starts_with("Mono.CSharp.") && c > 0), "no calls of the compiler's own methods");
     assert!(calls > 100_000, "only {calls} managed calls");
 }
+
+/// Managed and native calls share one timeline and one tree: managed → P/Invoke → native
+/// (`--lib`) → callback → managed.
+#[test]
+fn managed_and_native_calls_nest_in_one_tree() {
+    let dir = TempDir::new("mono-pinvoke");
+    let c = dir.join("nat.c");
+    std::fs::write(&c, "int native_apply(int (*cb)(int), int x) { return cb(x) + cb(x + 1); }\n").expect("write C");
+    let r = run(Command::new("gcc").args(["-shared", "-fPIC", "-O1", "-o"]).arg(dir.join("libnat.so")).arg(&c), b"", TIMEOUT);
+    assert_eq!(r.code, 0, "gcc failed: {}", r.describe());
+    let exe = compile(
+        &dir,
+        "pinvoke",
+        r#"using System; using System.Runtime.InteropServices;
+class Q {
+  delegate int Cb(int x);
+  [DllImport("nat")] static extern int native_apply(Cb cb, int x);
+  static int Square(int x) { return x * x; }
+  static int Run() { Cb cb = Square; int r = native_apply(cb, 3); GC.KeepAlive(cb); return r; }
+  static int Main() { Console.WriteLine(Run()); return 0; }
+}"#,
+    );
+    let inv = Invocation::new(tool("mono"), dir.path())
+        .args(&[path_str(&exe)])
+        .env("LD_LIBRARY_PATH", path_str(dir.path()))
+        .record_args(&["--lib", "libnat", "--mono-no-inline"]);
+    let native = inv.run_native();
+    assert_eq!(native.stdout, "25\n", "{}", native.describe());
+    let trace = dir.join("trace");
+    let recorded = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &recorded);
+    assert!(problems.is_empty(), "{problems:?}");
+    let lines = fnscope_cmd(&["replay", "-i", path_str(&trace), "--format", "lines"]);
+    assert_eq!(lines.code, 0, "{}", lines.describe());
+    // The open calls at each `enter:Q:Square (int)`.
+    let mut open: Vec<&str> = Vec::new();
+    let mut seen = Vec::new();
+    for l in lines.stdout.lines() {
+        let Some((_, event)) = l.split_once(']') else { continue };
+        if let Some(f) = event.strip_prefix("enter:") {
+            if f == "Q:Square (int)" {
+                seen.push(open.clone());
+            }
+            open.push(f);
+        } else if let Some(f) = event.strip_prefix("leave:") {
+            assert_eq!(open.pop(), Some(f), "leave without its enter: {l}");
+        }
+    }
+    assert_eq!(seen.len(), 2, "calls of Q:Square (int)");
+    for stack in seen {
+        let at = |name: &str| stack.iter().position(|f| *f == name);
+        let (run, apply) = (at("Q:Run ()"), at("native_apply"));
+        assert!(run.is_some() && apply.is_some() && run < apply, "Q:Square (int) called under {stack:?}");
+    }
+}
