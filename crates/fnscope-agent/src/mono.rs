@@ -242,10 +242,11 @@ extern "C" fn jit_chunk_destroyed(_prof: *mut c_void, _chunk: *const u8) {
     mappings_changed();
 }
 
-/// A managed exception is thrown; Mono walks the thread's managed frames next.
+/// A managed exception is thrown; Mono walks the thread's managed frames next. No frame is
+/// gone yet (hence the limit 0), whatever stack this runs on (a stack overflow is handled on
+/// the alternate signal stack).
 extern "C" fn exception_throw(_prof: *mut c_void, exception: *mut c_void) {
-    let here = 0u64;
-    thread::unwind_begins(&here as *const u64 as u64, exception as u64);
+    thread::unwind_begins(0, exception as u64);
 }
 
 /// A clause of `method` runs for `exception`. For a `catch`, the frames below the method's

@@ -257,3 +257,34 @@ class Q {
         assert!(run.is_some() && apply.is_some() && run < apply, "Q:Square (int) called under {stack:?}");
     }
 }
+
+/// Exceptions raised by code and by the runtime (signals), rethrown, filtered, run through
+/// `finally`, and one left unhandled: output (stack traces included), stderr and exit code as
+/// natively, and every call counted.
+#[test]
+fn managed_exceptions_of_every_kind_behave_as_natively() {
+    const METHODS: &[(&str, &str)] = &[
+        ("deref", "E:Deref (C)"),
+        ("mid", "E:Mid (C)"),
+        ("div", "E:Div (int,int)"),
+        ("rethrow", "E:Rethrow ()"),
+        ("filtered", "E:Filtered (int)"),
+        ("fin", "E:Fin (int&)"),
+    ];
+    let dir = TempDir::new("mono-exceptions");
+    let exe = compile(&dir, "exceptions", include_str!("programs/mono_exceptions.cs"));
+    for (i, args) in [vec![path_str(&exe)], vec![path_str(&exe), "unhandled"]].into_iter().enumerate() {
+        let inv = Invocation::new(tool("mono"), dir.path()).args(&args).record_args(&["--mono-no-inline"]);
+        let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
+        let trace = dir.join(format!("trace{i}"));
+        let recorded = inv.run_recorded(&trace);
+        let problems = compare_runs(&native, &recorded);
+        assert!(problems.is_empty(), "{args:?}: {problems:?}");
+        let own = own_counts(&native.stdout);
+        let calls = managed_calls(&trace);
+        for (key, name) in METHODS {
+            let got = calls.get(*name).copied().unwrap_or(0);
+            assert!(got == own[*key] && got > 0, "{args:?}: {name}: the program counted {}, the trace has {got}", own[*key]);
+        }
+    }
+}
