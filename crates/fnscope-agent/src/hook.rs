@@ -505,9 +505,12 @@ impl ImageTable {
         &self.text
     }
 
-    /// Notes that function `id`, listed as hooked, could not be patched after all.
-    pub fn unhooked(&mut self, id: u32, why: &str) {
-        let _ = writeln!(self.text, "unhooked\t{id}\t{}", why.replace(['\t', '\n'], " "));
+    /// Notes that function `id`, listed as hooked, could not be patched after all; returns
+    /// the line added.
+    pub fn unhooked(&mut self, id: u32, why: &str) -> String {
+        let line = format!("unhooked\t{id}\t{}\n", why.replace(['\t', '\n'], " "));
+        self.text.push_str(&line);
+        line
     }
 
     /// Adds a module for code that has no file (a JIT's output): its load bias is 0, so its

@@ -299,6 +299,7 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     let entry = if kind == SlotKind::Count { slot + COUNT_TAIL as u64 } else { slot };
     let jumps = hook.patches(start, entry).ok_or("trampoline out of reach")?;
     let [jump] = jumps.as_slice() else { return Err("unexpected hook form".into()) };
+    let bytes: [u8; fnscope_x86::JMP_LEN] = jump.bytes().try_into().map_err(|_| "unexpected jump length")?;
     let max_id = if kind == SlotKind::Count { count::capacity() } else { u32::MAX };
     let (id, line) = if walker {
         let line = format!(
@@ -328,8 +329,14 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     if kind == SlotKind::Count {
         count::set_nfuncs(t.table.ids());
     }
-    let bytes: [u8; fnscope_x86::JMP_LEN] = jump.bytes().try_into().map_err(|_| "unexpected jump length")?;
-    write_jump(st, start, &bytes)?;
+    if let Err(e) = write_jump(st, start, &bytes) {
+        if !walker {
+            // The table said it was hooked; say now that it is not, and why.
+            let line = t.table.unhooked(id, &e);
+            t.append_table(&line)?;
+        }
+        return Err(e);
+    }
     st.by_addr.insert(start, (id, bytes));
     if !walker {
         st.by_method.insert(method, (id, start));

@@ -288,3 +288,42 @@ fn managed_exceptions_of_every_kind_behave_as_natively() {
         }
     }
 }
+
+/// Dynamic methods, created by the thousand and collected as the program goes: each is traced
+/// under its own name, with its own calls, and the program runs as natively.
+#[test]
+fn dynamic_methods_are_traced_under_their_own_names() {
+    let dir = TempDir::new("mono-dynamic");
+    let exe = compile(
+        &dir,
+        "dynamic",
+        r#"using System; using System.Reflection.Emit;
+class D {
+  static int Main(string[] args) {
+    int n = int.Parse(args[0]); long total = 0;
+    for (int i = 0; i < n; i++) {
+      var dm = new DynamicMethod("Add" + i, typeof(int), new[] { typeof(int) }, typeof(D).Module);
+      var il = dm.GetILGenerator();
+      il.Emit(OpCodes.Ldarg_0); il.Emit(OpCodes.Ldc_I4, i); il.Emit(OpCodes.Add); il.Emit(OpCodes.Ret);
+      var f = (Func<int, int>)dm.CreateDelegate(typeof(Func<int, int>));
+      for (int k = 0; k <= i % 3; k++) total += f(k);
+      if (i % 200 == 0) { GC.Collect(); GC.WaitForPendingFinalizers(); }
+    }
+    Console.WriteLine("total " + total);
+    return 0;
+  }
+}"#,
+    );
+    let n = 1000;
+    let inv = Invocation::new(tool("mono"), dir.path()).args(&[path_str(&exe).to_string(), n.to_string()]);
+    let native = inv.run_native();
+    let trace = dir.join("trace");
+    let recorded = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &recorded);
+    assert!(problems.is_empty(), "{problems:?}");
+    let calls = managed_calls(&trace);
+    for i in 0..n {
+        let name = format!("(wrapper dynamic-method) object:Add{i} (int)");
+        assert_eq!(calls.get(&name).copied(), Some(i % 3 + 1), "{name}");
+    }
+}
