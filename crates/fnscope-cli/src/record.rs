@@ -813,3 +813,16 @@ pub fn human_bytes(b: u64) -> String {
         b => format!("{b} B"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::mono_no_inline;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn mono_no_inline_keeps_the_users_options() {
+        assert_eq!(mono_no_inline(None), "-O=-inline");
+        assert_eq!(mono_no_inline(Some(OsStr::new(""))), "-O=-inline");
+        assert_eq!(mono_no_inline(Some(OsStr::new("--debug"))), "--debug -O=-inline");
+    }
+}
