@@ -29,7 +29,7 @@ pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 /// Version of the shared-region layout; the agent refuses a region of another version.
-pub const REGION_VERSION: u32 = 3;
+pub const REGION_VERSION: u32 = 4;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
 /// Default chunk size (header included).
@@ -64,6 +64,11 @@ pub struct RegionHeader {
     pub unmatched_returns: u64,
     /// Number of shadow-stack slots after the chunks (see [`stack_slot_offset`]).
     pub stack_slots: u32,
+    /// Flight recorder: snapshots asked for so far (by `fnscope snapshot`, or by the agent's
+    /// handler of the trigger signal); incremented atomically, read by the recorder.
+    pub snapshot_requests: u32,
+    /// Flight recorder: snapshot requests the recorder has answered (written or refused).
+    pub snapshots_answered: u32,
 }
 
 /// Bytes of one shadow-stack slot: a [`SlotHead`] and the thread's state in the first page,
@@ -143,8 +148,11 @@ pub struct ChunkHeader {
     pub flags: u32,
     /// Records this thread had to drop since its previous chunk.
     pub lost: u64,
+    /// The thread's name (`comm`, NUL-padded) when it handed the chunk over: the name of a
+    /// thread that ends before the recorder could read it from `/proc`.
+    pub thread_name: [u8; 16],
     /// Padding up to [`CHUNK_HEADER_SIZE`].
-    pub reserved: [u64; 3],
+    pub reserved: u64,
 }
 
 /// `ChunkHeader::flags`: the thread ended (this is its last chunk).
@@ -235,13 +243,15 @@ pub const fn region_size(chunk_size: u32, nchunks: u32, stack_slots: u32) -> usi
 /// func<TAB><id><TAB><midx><TAB><address hex><TAB><size><TAB><raw name>
 /// skip<TAB><midx><TAB><address hex><TAB><size><TAB><reason code><TAB><detail><TAB><raw name>
 /// unhooked<TAB><id><TAB><reason>
+/// system<TAB><path>                                       (--app-only: a module not hooked)
 /// ```
 /// `address` is the link-time virtual address in the module's ELF file (add the load bias for
 /// the run-time address). `func` lines list hooked functions; `id` is what records carry.
 /// `skip` lines list functions that were not hooked, with one of the [`skip_reason`] codes.
 /// The table is written before any function is patched, so that every id a record can carry
 /// is named; `unhooked` lines, appended afterwards, list `func` entries whose jump could not
-/// be written after all (their calls are missing from the trace).
+/// be written after all (their calls are missing from the trace). `system` lines name modules
+/// that `--app-only` treated as system code and left alone.
 pub mod image {
     /// First line's keyword.
     pub const MAGIC: &str = "fnscope-image";
@@ -288,7 +298,27 @@ pub mod skip_reason {
     /// (HotSpot's `libjvm.so`) and crashes on a return address changed to fnscope's exit
     /// stub; count mode hooks it.
     pub const STACK_WALKER: &str = "stack-walker";
+    /// Left out by the record-time filters (`--filter`, `--exclude`).
+    pub const FILTERED: &str = "filtered";
 }
+
+/// Record-time filters: function patterns, one per line; only functions matching one are
+/// hooked. A pattern is a glob on the raw or demangled name, `@GLOB` on the module's file name,
+/// or `file:GLOB` on the function's source file (from DWARF, where the module has it).
+pub const ENV_FILTER: &str = "FNSCOPE_FILTER";
+/// Record-time filters: function patterns (as [`ENV_FILTER`]) of functions not to hook.
+pub const ENV_EXCLUDE: &str = "FNSCOPE_EXCLUDE";
+/// Set to `1` for `--app-only`: modules under the system folders are not hooked.
+pub const ENV_APP_ONLY: &str = "FNSCOPE_APP_ONLY";
+/// The system folders of `--app-only`, separated by `:`.
+pub const ENV_SYSTEM_DIRS: &str = "FNSCOPE_SYSTEM_DIRS";
+/// `--depth N`: only the N outermost hooked levels of each thread are recorded.
+pub const ENV_DEPTH: &str = "FNSCOPE_DEPTH";
+/// `--min-duration`: calls shorter than this many time-stamp-counter ticks are not recorded.
+pub const ENV_MIN_TICKS: &str = "FNSCOPE_MIN_TICKS";
+/// Flight recorder's signal trigger: the agent asks for a snapshot when the process gets this
+/// signal number (only if the program has not set a disposition of its own for it).
+pub const ENV_TRIGGER_SIGNAL: &str = "FNSCOPE_TRIGGER_SIGNAL";
 
 /// Selects count mode when set to `count` (the default is timing).
 pub const ENV_MODE: &str = "FNSCOPE_MODE";

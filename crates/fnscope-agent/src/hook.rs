@@ -505,6 +505,11 @@ impl ImageTable {
         &self.text
     }
 
+    /// Notes that `--app-only` left the module at `path` alone as system code.
+    pub fn system(&mut self, path: &Path) {
+        let _ = writeln!(self.text, "system\t{}", path.display().to_string().replace(['\t', '\n'], " "));
+    }
+
     /// Notes that function `id`, listed as hooked, could not be patched after all; returns
     /// the line added.
     pub fn unhooked(&mut self, id: u32, why: &str) -> String {
@@ -548,13 +553,15 @@ fn name_of(inv: &Inventory, i: usize) -> String {
 /// Prepares hooks for every hookable function of `obj` (trampolines built, nothing patched
 /// yet), adding them to `table`. Functions at the run-time addresses in `exclude`
 /// (pre-hooked already) are skipped.
-/// Ids are not handed out beyond `max_id`.
+/// Ids are not handed out beyond `max_id`. Functions the record-time `filters` leave out are
+/// listed as skipped.
 pub fn plan_module(
     obj: &Loaded,
     table: &mut ImageTable,
     exclude: &[u64],
     kind: SlotKind,
     max_id: u32,
+    filters: &crate::filter::Filters,
 ) -> Result<ModuleResult, String> {
     let data = crate::sys::read_file(&obj.path).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     let inv = fnscope_symbols::load_bytes(&obj.path, &data).map_err(|e| e.to_string())?;
@@ -583,8 +590,13 @@ pub fn plan_module(
         ));
     }
     let v8 = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("_ZN2v88internal")));
+    let filter = filters.for_module(&obj.path);
+    let keep_all = filter.keeps_all();
     for (i, v) in verdicts.iter().enumerate() {
         match v {
+            Verdict::Hookable(_) if !keep_all && !filter.keeps(&inv.functions[i]) => {
+                skips.push((i, skip_reason::FILTERED, "left out by --filter/--exclude".to_string()))
+            }
             Verdict::Hookable(_) if walker.is_some() => {
                 skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().to_string()))
             }

@@ -14,6 +14,7 @@
 pub mod alloc;
 pub mod count;
 pub mod exec;
+pub mod filter;
 pub mod hook;
 pub mod mono;
 pub mod region;
@@ -67,6 +68,13 @@ struct Settings {
     dir: PathBuf,
     libs: Vec<String>,
     counting: bool,
+    filters: filter::Filters,
+    /// `--depth`: shadow-stack entries a thread may use (0: all).
+    depth: u32,
+    /// `--min-duration` in time-stamp-counter ticks.
+    min_ticks: u64,
+    /// Signal that asks the recorder for a snapshot (0: none).
+    trigger_signal: i32,
 }
 
 /// Reads the `FNSCOPE_*` variables from the `envp` the dynamic linker passes to
@@ -111,7 +119,30 @@ unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
         .map(str::to_string)
         .collect();
     VERBOSE.store(get(fnscope_abi::ENV_VERBOSE) == Some(b"1"), Ordering::Relaxed);
-    Some(Settings { shm, dir, libs, counting: get(fnscope_abi::ENV_MODE) == Some(b"count") })
+    let text = |k: &str| String::from_utf8_lossy(get(k).unwrap_or_default()).into_owned();
+    let number = |k: &str| text(k).parse::<u64>().unwrap_or(0);
+    let filters = match filter::Filters::new(
+        &text(fnscope_abi::ENV_FILTER),
+        &text(fnscope_abi::ENV_EXCLUDE),
+        get(fnscope_abi::ENV_APP_ONLY) == Some(b"1"),
+        &text(fnscope_abi::ENV_SYSTEM_DIRS),
+    ) {
+        Ok(f) => f,
+        Err(e) => {
+            warn(&format!("tracing disabled: {e}"));
+            return None;
+        }
+    };
+    Some(Settings {
+        shm,
+        dir,
+        libs,
+        counting: get(fnscope_abi::ENV_MODE) == Some(b"count"),
+        filters,
+        depth: number(fnscope_abi::ENV_DEPTH).min(u32::MAX as u64) as u32,
+        min_ticks: number(fnscope_abi::ENV_MIN_TICKS),
+        trigger_signal: number(fnscope_abi::ENV_TRIGGER_SIGNAL) as i32,
+    })
 }
 
 extern "C" fn agent_init(_argc: libc::c_int, _argv: *const *const libc::c_char, envp: *const *const libc::c_char) {
@@ -145,6 +176,7 @@ pub(crate) struct Tracer {
     seen: HashMap<u64, Option<fnscope_x86::Patch>>,
     /// Slots to build: tracing or counting.
     pub(crate) kind: hook::SlotKind,
+    pub(crate) filters: filter::Filters,
 }
 
 static TRACER: Mutex<Option<Tracer>> = Mutex::new(None);
@@ -171,12 +203,19 @@ impl Tracer {
             }
             self.seen.insert(obj.lo, None);
             let path = obj.path.to_string_lossy();
-            let wanted = i == 0 || self.libs.iter().any(|p| path.contains(p.as_str()));
+            // `--app-only` hooks the application's libraries without being asked.
+            let wanted = i == 0
+                || self.libs.iter().any(|p| path.contains(p.as_str()))
+                || self.filters.app_only();
             if !wanted {
                 continue;
             }
+            if i != 0 && self.filters.is_system(&obj.path) {
+                self.table.system(&obj.path);
+                continue;
+            }
             let max_id = if self.kind == hook::SlotKind::Count && count::capacity() > 0 { count::capacity() } else { u32::MAX };
-            match hook::plan_module(obj, &mut self.table, &self.prehooked, self.kind, max_id) {
+            match hook::plan_module(obj, &mut self.table, &self.prehooked, self.kind, max_id, &self.filters) {
                 Ok(r) => {
                     hooked += r.hooked;
                     skipped += r.skipped;
@@ -249,18 +288,22 @@ impl Tracer {
 
 fn setup(settings: Settings) -> Result<(), String> {
     let started = std::time::Instant::now();
-    let Settings { shm, dir, libs, counting } = settings;
+    let Settings { shm, dir, libs, counting, filters, depth, min_ticks, trigger_signal } = settings;
     let sid = region::attach(&shm)?;
     let pid = sys::getpid();
     region::abandon_previous_images(pid);
     COUNT_MODE.store(counting, Ordering::Relaxed);
+    thread::set_limits(depth, min_ticks);
+    if trigger_signal > 0 {
+        region::install_trigger_signal(trigger_signal);
+    }
     thread::install_process_hooks();
     let objs = hook::loaded_objects();
     // The unwinder's entry points get pre-hooks first; tracing must leave them alone. Count
     // mode leaves return addresses alone, so the unwinder needs no help.
     let (unwinder, prehooked) = if counting { (0, Vec::new()) } else { unwind::install(&objs) };
     let kind = if counting { hook::SlotKind::Count } else { hook::SlotKind::Trace };
-    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashMap::new(), kind };
+    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashMap::new(), kind, filters };
     let (hooked, skipped) = t.hook_new_objects(&objs)?;
     t.write_table()?;
     if VERBOSE.load(Ordering::Relaxed) {
@@ -300,7 +343,7 @@ pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_in
         mono::attach();
         let mut g = TRACER.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = g.as_mut() {
-            if !t.libs.is_empty() {
+            if !t.libs.is_empty() || t.filters.app_only() {
                 let objs = hook::loaded_objects();
                 t.follow_fork();
                 if let Err(e) = t.hook_new_objects(&objs) {

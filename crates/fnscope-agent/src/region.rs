@@ -316,6 +316,11 @@ pub unsafe fn publish(c: *mut ChunkHeader, nrec: u32, flags: u32) {
     unsafe {
         (*c).nrec = nrec;
         (*c).flags |= flags;
+        // A chunk handed over for an image this process no longer runs (after exec) would
+        // get the new program's name.
+        if flags & fnscope_abi::CHUNK_FLAG_ABANDONED == 0 {
+            (*c).thread_name = sys::thread_name();
+        }
     }
     state_of(c).store(CHUNK_FULL, Ordering::Release);
 }
@@ -367,5 +372,36 @@ pub fn abandon_previous_images(pid: u32) {
         let n = (0..cap).take_while(|&k| unsafe { (*recs.add(k)).is_present() }).count();
         // SAFETY: the chunk's owner is gone (see above); publishing it is ours to do.
         unsafe { publish(c, n as u32, CHUNK_FLAG_ABANDONED) };
+    }
+}
+
+/// Asks the recorder for a flight-recorder snapshot.
+pub fn request_snapshot() {
+    if attached() {
+        // SAFETY: aligned u32 inside the mapped header.
+        unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).snapshot_requests)) }.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_trigger_signal(_sig: libc::c_int) {
+    request_snapshot();
+}
+
+/// Makes signal `sig` ask the recorder for a snapshot (`record --trigger signal:NAME`), unless
+/// the process already has a disposition of its own for it (inherited `SIG_IGN`): that one
+/// stays. A program that installs its own handler later replaces this one, and its signal
+/// then does what the program says; `fnscope snapshot PID` still works.
+pub fn install_trigger_signal(sig: i32) {
+    // SAFETY: sigaction with valid pointers; the handler only does one atomic add.
+    unsafe {
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if libc::sigaction(sig, core::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+            return;
+        }
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_trigger_signal as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, core::ptr::null_mut());
     }
 }

@@ -188,6 +188,11 @@ fnscope_exit:
     jne .Lexit_mismatch
     mov rsi, qword ptr [rcx]
     mov qword ptr [rsp], rsi
+    /* --min-duration: a call shorter than the threshold (0 without one) is not recorded. */
+    mov rsi, rax
+    sub rsi, qword ptr [rcx + 8]
+    cmp rsi, qword ptr [rip + {min_ticks}]
+    jb .Lexit_pop
 .Lexit_reserve:
     mov esi, 24
     xadd qword ptr [rdx + 16], rsi
@@ -335,8 +340,13 @@ fnscope_rdtsc:
     or rax, rdx
     ret
     .size fnscope_rdtsc, . - fnscope_rdtsc
-"#
+"#,
+    min_ticks = sym MIN_TICKS,
 );
+
+/// `--min-duration` in time-stamp-counter ticks (0: every call is recorded), read by the exit
+/// stub on every return.
+pub static MIN_TICKS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 extern "C" {
     /// Common entry stub; jumped to from a slot with `r11` = relocated prologue.

@@ -90,6 +90,14 @@ pub fn munmap(p: *mut u8, len: usize) {
 }
 
 /// Kernel thread id of the caller.
+/// The calling thread's name (`prctl(PR_GET_NAME)`), NUL-padded.
+pub fn thread_name() -> [u8; 16] {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer.
+    unsafe { syscall6(libc::SYS_prctl as usize, libc::PR_GET_NAME as usize, name.as_mut_ptr() as usize, 0, 0, 0, 0) };
+    name
+}
+
 pub fn gettid() -> u32 {
     // SAFETY: gettid takes no arguments and cannot fail.
     unsafe { syscall6(SYS_GETTID, 0, 0, 0, 0, 0, 0) as u32 }

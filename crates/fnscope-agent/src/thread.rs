@@ -2,6 +2,7 @@
 
 use crate::{region, stubs, sys};
 use core::mem::offset_of;
+use core::sync::atomic::{AtomicU64, Ordering};
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 use fnscope_abi::{ChunkHeader, Record, CHUNK_FLAG_LAST, RECORD_SIZE, REC_FLAG_UNWOUND};
 
@@ -98,6 +99,24 @@ const _: () = {
 pub const SHADOW_ENTRIES: usize = fnscope_abi::SHADOW_ENTRIES;
 const SHADOW_BYTES: usize = SHADOW_ENTRIES * core::mem::size_of::<ShadowEntry>();
 
+/// Bytes of shadow stack a thread may use: `--depth` levels, or all of it.
+static DEPTH_BYTES: AtomicU64 = AtomicU64::new(SHADOW_BYTES as u64);
+
+/// Sets the record-time limits: `depth` outermost levels per thread (0: no limit), and calls
+/// shorter than `min_ticks` left out. Called once at start-up, before any thread is traced.
+pub fn set_limits(depth: u32, min_ticks: u64) {
+    if depth > 0 {
+        DEPTH_BYTES.store((depth as u64 * 32).min(SHADOW_BYTES as u64), Ordering::Relaxed);
+    }
+    stubs::MIN_TICKS.store(min_ticks, Ordering::Relaxed);
+}
+
+/// The `ss_limit` offset of a new thread: the stub's "shadow stack full" test is what keeps
+/// calls beyond `--depth` out, at no cost to the others.
+fn depth_bytes() -> u64 {
+    DEPTH_BYTES.load(Ordering::Relaxed)
+}
+
 struct Disabled(core::cell::UnsafeCell<ThreadState>);
 // SAFETY: the stubs only ever `xadd` to and subtract from `ss_top` of this state; its value
 // is never used because `ss_limit` is 0, so racy updates from several threads are harmless.
@@ -188,7 +207,7 @@ extern "C" fn fnscope_thread_init() -> u32 {
         // The entry stub compares each new return slot with the slot of the entry below it:
         // below the first entry is this sentinel, above every slot.
         *((base - 8) as *mut u64) = u64::MAX;
-        (*st).ss_limit = base + SHADOW_BYTES as u64;
+        (*st).ss_limit = base + depth_bytes();
         (*st).pid = pid;
         (*st).tid = tid;
         let (lo, hi) = own_stack();
@@ -483,7 +502,7 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
         core::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, used);
         (*to).ss_base = new;
         (*to).ss_top = new + used as u64;
-        (*to).ss_limit = new + SHADOW_BYTES as u64;
+        (*to).ss_limit = new + depth_bytes();
         *((new - 8) as *mut u64) = u64::MAX;
     }
 }
@@ -652,6 +671,11 @@ unsafe fn refill(st: *mut ThreadState) -> bool {
 /// # Safety
 /// `st` must be the calling thread's state.
 unsafe fn emit(st: *mut ThreadState, rec: Record) {
+    // `--min-duration`, as the exit stub applies it: an ancestor lasts at least as long as
+    // its callees, so every call kept still has its callers.
+    if rec.ticks() < stubs::MIN_TICKS.load(Ordering::Relaxed) {
+        return;
+    }
     // SAFETY: per the caller's guarantee.
     unsafe {
         if (*st).exited != 0 {
@@ -944,7 +968,12 @@ pub fn exec_begins() -> Option<(u64, usize)> {
             return None;
         }
         let base = (*st).ss_base;
-        let open = (((*st).ss_top - base) / 32) as usize;
+        // `--min-duration`: outer calls started earlier, so the calls long enough are the
+        // outermost ones.
+        let min = stubs::MIN_TICKS.load(Ordering::Relaxed);
+        let open = (0..((*st).ss_top - base) / 32)
+            .take_while(|&d| now.wrapping_sub((*((base + d * 32) as *const ShadowEntry)).t_entry) >= min)
+            .count();
         if open == 0 {
             return None;
         }

@@ -153,6 +153,13 @@ impl FunctionNames {
     pub fn address(&self, func: u32) -> u64 {
         self.0.info(func).address
     }
+
+    /// Where the function is in the sources (`file:line`), when its module's debug
+    /// information says; looked up once per function, its module's line tables read on first
+    /// use.
+    pub fn source(&mut self, func: u32) -> Option<&str> {
+        self.0.source(func)
+    }
 }
 
 /// What the walk knows before the first call: the trace's headers (command, images, clock

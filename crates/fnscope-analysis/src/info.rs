@@ -25,6 +25,8 @@ pub struct ImageInfo {
     pub functions_hooked: u64,
     /// Functions skipped.
     pub skipped: u64,
+    /// Modules `--app-only` left alone as system code.
+    pub system: Vec<String>,
 }
 
 /// The result of [`info`].
@@ -84,6 +86,7 @@ pub fn info(path: &Path) -> Result<Info, AnalysisError> {
             modules: t.modules.clone(),
             functions_hooked: (t.funcs.len() - t.unhooked.len()) as u64,
             skipped: (t.skipped.len() + t.unhooked.len()) as u64,
+            system: t.system.clone(),
         });
     }
     if let Some(e) = &trace.end {
@@ -261,6 +264,12 @@ fn images_and_threads(o: &mut String, i: &Info) {
                 md.bias,
                 md.build_id.as_deref().unwrap_or("-")
             );
+        }
+        if !im.system.is_empty() {
+            let _ = writeln!(o, "    system code, not hooked (--app-only):");
+            for p in &im.system {
+                let _ = writeln!(o, "      {p}");
+            }
         }
     }
     let _ = writeln!(o, "threads:");

@@ -258,6 +258,13 @@ fn pass(
             e.unmatched_returns
         ));
     }
+    if t.meta.flight && t.records == 0 {
+        t.warnings.push(
+            "this is a flight recording (record --flight): its calls are in its snapshots, the \
+             snapshot-N folders next to this trace (e.g. `fnscope report -i DIR/snapshot-1`)"
+                .into(),
+        );
+    }
     if !seen_meta {
         t.warnings
             .push("the trace has no META chunk: command line and start time unknown".into());

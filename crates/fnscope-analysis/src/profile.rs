@@ -123,6 +123,7 @@ impl Profile {
                 host: String::new(),
                 fnscope_version: env!("CARGO_PKG_VERSION").to_string(),
                 mode: MODE_MERGED.to_string(),
+                flight: false,
             };
             w.write_merged_meta(&meta, &self.runs)?;
             for m in &self.modules {

@@ -41,8 +41,8 @@ pub struct Common {
     split_size: Option<String>,
 }
 
-/// A size with an optional K, M or G suffix (powers of 1024).
-fn parse_size(s: &str) -> Result<u64> {
+/// A size with an optional K, M or G suffix (powers of 1024), for the option named `option`.
+pub fn parse_size(s: &str, option: &str) -> Result<u64> {
     let t = s.trim();
     let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1u64 << 10),
@@ -52,7 +52,7 @@ fn parse_size(s: &str) -> Result<u64> {
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| anyhow::anyhow!("--split-size {s:?}: write a size such as 200M, 1G or 500000"))?;
+        .map_err(|_| anyhow::anyhow!("{option} {s:?}: write a size such as 200M, 1G or 500000"))?;
     Ok(n.saturating_mul(mult))
 }
 
@@ -67,10 +67,7 @@ pub fn run(
         None => (None, None),
     };
     let min_duration_ns = match &c.min_duration {
-        Some(d) => match fnscope_export::parse_time_window(&format!("{d}.."))? {
-            (Some(ns), None) => ns,
-            _ => anyhow::bail!("--min-duration {d:?}: write a duration such as 50us or 2ms"),
-        },
+        Some(d) => fnscope_export::parse_duration(d, "--min-duration")?,
         None => 0,
     };
     let opts = Options {
@@ -80,7 +77,7 @@ pub fn run(
         exclude: c.exclude.clone(),
         min_duration_ns,
     };
-    let split_size = c.split_size.as_deref().map(parse_size).transpose()?;
+    let split_size = c.split_size.as_deref().map(|s| parse_size(s, "--split-size")).transpose()?;
     if split_size.is_some() && c.output.is_none() {
         anyhow::bail!("--split-size writes several files: name the first with -o");
     }

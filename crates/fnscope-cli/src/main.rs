@@ -2,6 +2,7 @@
 
 mod agent_lib;
 mod export;
+mod flight;
 mod funcs;
 mod record;
 
@@ -48,9 +49,19 @@ enum Command {
         /// code and counts are exact. Slower: the small methods Mono inlines become calls.
         #[arg(long)]
         mono_no_inline: bool,
+        #[command(flatten)]
+        filters: record::FilterArgs,
+        #[command(flatten)]
+        flight: flight::FlightArgs,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
         command: Vec<String>,
+    },
+    /// Ask a program recorded with `record --flight` for a snapshot of its flight recorder
+    /// now; the program goes on.
+    Snapshot {
+        /// Process id of the traced program (or of any of its traced processes).
+        pid: u32,
     },
     /// Show the recorded calls in time order.
     Replay {
@@ -329,11 +340,13 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, mono_no_inline, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, mono_no_inline, filters, flight, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, mono_no_inline, command })?;
+            let filters = filters.check(count)?;
+            let flight = flight.check(count)?;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, mono_no_inline, filters, flight, command })?;
             Ok(out.exit_code)
         }
         Command::Replay { input, format, tid } => {
@@ -424,6 +437,11 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Funcs { json, skipped, raw, pdb, binary } => {
             funcs::run(&funcs::FuncsOptions { binary, pdb, json, skipped, raw })?;
+            Ok(0)
+        }
+        Command::Snapshot { pid } => {
+            let dir = flight::request_snapshot(pid)?;
+            println!("{}", dir.display());
             Ok(0)
         }
         Command::Info { input } => {

@@ -6,6 +6,7 @@ use fnscope_abi::{
     chunk_offset, records_per_chunk, ChunkHeader, Record, RegionHeader, CHUNK_FLAG_ABANDONED, CHUNK_FREE,
     CHUNK_FULL, CHUNK_HEADER_SIZE, CHUNK_OWNED, RECORD_SIZE,
 };
+use crate::flight::{Flight, FlightOptions, Segment, Trigger};
 use fnscope_format::{EndInfo, Meta, TraceWriter};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::unix::process::CommandExt;
@@ -29,6 +30,10 @@ pub struct RecordOptions {
     pub follow_exec: bool,
     /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
     pub mono_no_inline: bool,
+    /// Record-time filters.
+    pub filters: RecordFilters,
+    /// The flight recorder's settings, in flight mode.
+    pub flight: Option<FlightOptions>,
     /// Program and arguments.
     pub command: Vec<String>,
 }
@@ -41,6 +46,95 @@ fn mono_no_inline(old: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
     }
     v.push("-O=-inline");
     v
+}
+
+/// Record-time filters: what is left out before anything is stored.
+#[derive(clap::Args)]
+pub struct FilterArgs {
+    /// Hook only the application's code: the program and every library outside the system
+    /// folders (hooked without --lib); libraries in them are not hooked, even with --lib.
+    /// `fnscope info` lists the modules treated as system.
+    #[arg(long)]
+    app_only: bool,
+    /// A system folder for --app-only (repeatable). Replaces the defaults: /usr/lib, /lib,
+    /// /lib64, /usr/lib64, /usr/libexec, /usr/local/lib, /opt/mono.
+    #[arg(long = "system-dir", value_name = "DIR", requires = "app_only")]
+    system_dirs: Vec<PathBuf>,
+    /// Hook only functions matching PATTERN (repeatable): a glob on the name, @GLOB on the
+    /// module, file:GLOB on the source file (from debug information). Decided when hooking,
+    /// so the others cost nothing. To keep a function with everything it calls, filter the
+    /// views instead (`export --filter`).
+    #[arg(long, value_name = "PATTERN")]
+    filter: Vec<String>,
+    /// Do not hook functions matching PATTERN (repeatable; forms as for --filter). Their
+    /// callees stay, under the nearest hooked caller.
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// Record only calls that took at least DURATION (e.g. 50us): the rest are dropped as
+    /// they return. Their callers last longer, so each call kept comes with its callers.
+    #[arg(long, value_name = "DURATION")]
+    min_duration: Option<String>,
+    /// Record only the N outermost hooked levels of each thread; deeper calls run untraced.
+    #[arg(long, value_name = "N")]
+    depth: Option<u32>,
+}
+
+/// Record-time filters, checked.
+#[derive(Default)]
+pub struct RecordFilters {
+    app_only: bool,
+    system_dirs: Vec<String>,
+    filter: Vec<String>,
+    exclude: Vec<String>,
+    min_duration_ns: u64,
+    depth: u32,
+}
+
+impl FilterArgs {
+    /// Checks the options (patterns, durations, and what count mode cannot do).
+    pub fn check(self, count: bool) -> Result<RecordFilters> {
+        for (option, list) in [("--filter", &self.filter), ("--exclude", &self.exclude)] {
+            for p in list {
+                let glob = p.strip_prefix('@').or_else(|| p.strip_prefix("file:")).unwrap_or(p);
+                if p.contains('\n') || glob.is_empty() {
+                    bail!("{option} {p:?}: write a glob such as 'Py*', '@libfoo.so*' or 'file:*/render/*'");
+                }
+                glob::Pattern::new(glob).map_err(|e| anyhow!("{option} {p:?}: {e}; write a glob such as 'Py*' or '@libfoo.so*'"))?;
+            }
+        }
+        let min_duration_ns = self.min_duration.as_deref().map(|d| fnscope_export::parse_duration(d, "--min-duration")).transpose()?;
+        if count && (min_duration_ns.is_some() || self.depth.is_some()) {
+            bail!("--min-duration and --depth look at calls as they run: they need timing mode, not --mode count");
+        }
+        if self.depth == Some(0) {
+            bail!("--depth 0 would record nothing: give the number of outermost levels to keep, 1 or more");
+        }
+        let mut system_dirs = Vec::new();
+        for d in &self.system_dirs {
+            let s = d.to_string_lossy();
+            if !d.is_absolute() || s.contains(':') {
+                bail!("--system-dir {s:?}: give an absolute path without ':'");
+            }
+            system_dirs.push(s.into_owned());
+        }
+        Ok(RecordFilters {
+            app_only: self.app_only,
+            system_dirs,
+            filter: self.filter,
+            exclude: self.exclude,
+            min_duration_ns: min_duration_ns.unwrap_or(0),
+            depth: self.depth.unwrap_or(0),
+        })
+    }
+}
+
+/// Measures the time-stamp counter's rate against the monotonic clock over `ms`
+/// milliseconds: the agent compares call durations in ticks.
+fn tsc_rate(ms: u64) -> f64 {
+    let (t0, m0) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC));
+    std::thread::sleep(Duration::from_millis(ms));
+    let (t1, m1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC));
+    (t1 - t0) as f64 / (m1 - m0).max(1) as f64
 }
 
 /// Finds `name` the way a shell would: as a path if it contains `/`, else on `PATH`.
@@ -221,6 +315,15 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
         .with_context(|| format!("cannot write {}", lock_path.display()))?;
     let _ = std::fs::remove_file(dir.join("trace.fns"));
     let _ = std::fs::remove_dir_all(dir.join("images"));
+    // Snapshots of an earlier flight recording belong to that trace.
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.filter_map(|e| e.ok()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("snapshot-") || name.starts_with(".snapshot-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     std::fs::create_dir_all(dir.join("images")).with_context(|| format!("cannot create {shown}/images"))?;
     Ok(DirLock { _file: file })
 }
@@ -315,6 +418,100 @@ impl Region {
     }
 }
 
+impl Region {
+    /// The calls open on the shadow stack of slot `i` (deepest first: records are in the order
+    /// calls end), as cut off at `now`, with the sequence number of the thread's next chunk;
+    /// those shorter than `min_ticks` (`--min-duration`) are left out.
+    /// The slot's owner is gone, or (for a snapshot) still running: then entries pushed or
+    /// popped meanwhile may be missed, as in any snapshot of a running program.
+    fn open_calls(&self, i: u32, now: u64, min_ticks: u64) -> (u64, Vec<Record>) {
+        use fnscope_abi::{REC_FLAG_CUT, REC_FLAG_UNWOUND, SLOT_STATE_OFFSET, STATE_SEQ, STATE_SS_BASE, STATE_SS_TOP};
+        let slot = self.slot(i);
+        // SAFETY: the state lies in the slot's first page, inside the mapping.
+        let (top, base, seq) = unsafe {
+            let st = slot.add(SLOT_STATE_OFFSET);
+            (
+                std::ptr::read_volatile(st.add(STATE_SS_TOP) as *const u64),
+                std::ptr::read_volatile(st.add(STATE_SS_BASE) as *const u64),
+                std::ptr::read_volatile(st.add(STATE_SEQ) as *const u64),
+            )
+        };
+        let open = (top.saturating_sub(base) / 32).min(fnscope_abi::SHADOW_ENTRIES as u64) as usize;
+        let recs = (0..open)
+            .rev()
+            .map(|d| {
+                // SAFETY: entry d of the slot's shadow stack, inside the slot.
+                let (t_entry, id) = unsafe {
+                    let e = slot.add(4096 + d * 32) as *const u64;
+                    (std::ptr::read_volatile(e.add(1)), std::ptr::read_volatile(e.add(2)))
+                };
+                Record::new(t_entry, now.max(t_entry), id as u32, d as u32, REC_FLAG_UNWOUND | REC_FLAG_CUT)
+            })
+            .filter(|r| r.ticks() >= min_ticks)
+            .collect();
+        (seq, recs)
+    }
+
+    /// The records a thread has written so far into chunk `i`, which it still owns: up to
+    /// the first slot whose marker word is not written yet. The marker is written last, and
+    /// x86 keeps stores in order, so the other words of a marked record are complete.
+    fn live_records(&self, i: u32, from: usize) -> Vec<Record> {
+        let cap = records_per_chunk(self.chunk_size);
+        // SAFETY: the record area of chunk i, inside the mapping.
+        let base = unsafe { (self.chunk(i) as *const u8).add(CHUNK_HEADER_SIZE) as *const Record };
+        let mut out = Vec::new();
+        for k in from..cap {
+            // SAFETY: record k of the chunk; the marker is read first, volatile, and the
+            // fence keeps the other reads after it.
+            let r = unsafe {
+                let p = base.add(k);
+                let id_depth = std::ptr::read_volatile(std::ptr::addr_of!((*p).id_depth));
+                if id_depth == 0 {
+                    break;
+                }
+                std::sync::atomic::fence(Ordering::Acquire);
+                Record {
+                    t_entry: std::ptr::read_volatile(std::ptr::addr_of!((*p).t_entry)),
+                    t_exit: std::ptr::read_volatile(std::ptr::addr_of!((*p).t_exit)),
+                    id_depth,
+                }
+            };
+            out.push(r);
+        }
+        out
+    }
+
+    /// Owned chunks, with their image session, process, thread and sequence number.
+    fn owned_chunks(&self) -> Vec<(u32, u32, u32, u64, u32)> {
+        let mut v = Vec::new();
+        for i in 0..self.nchunks {
+            if self.state(i).load(Ordering::Acquire) == CHUNK_OWNED {
+                // SAFETY: reading the header of an owned chunk; its owner wrote these fields
+                // before taking it.
+                let c = unsafe { &*self.chunk(i) };
+                v.push((c.image_sid, c.pid, c.tid, c.seq, i));
+            }
+        }
+        v.sort_unstable();
+        v
+    }
+
+    fn hint(&self) -> &AtomicU32 {
+        // SAFETY: aligned u32 in the header, shared with agents.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).next_chunk_hint)) }
+    }
+
+    fn requests(&self) -> &AtomicU32 {
+        // SAFETY: aligned u32 in the header, shared with agents and `fnscope snapshot`.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).snapshot_requests)) }
+    }
+
+    fn answered(&self) -> &AtomicU32 {
+        // SAFETY: aligned u32 in the header, read by `fnscope snapshot`.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).snapshots_answered)) }
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
@@ -344,6 +541,23 @@ struct Recorder {
     images_checked: bool,
     /// Thread names as last read, by (pid, tid).
     thread_names: BTreeMap<(u32, u32), String>,
+    /// What the trace's first chunk says (snapshots start with it too).
+    meta: Meta,
+    /// Time-stamp counter and monotonic clock at the start.
+    start: (u64, u64),
+    /// Every image table as last copied, by session id (snapshots hold them all).
+    image_texts: BTreeMap<u32, String>,
+    /// Flight mode: the rings and triggers; `None` writes every call to the trace.
+    flight: Option<Flight>,
+    /// Flight mode: records of owned chunks already looked at by the triggers, by chunk:
+    /// the chunk's sequence number and how many.
+    scanned: HashMap<u32, (u64, usize)>,
+    /// Snapshot requests seen in the region header.
+    requests_seen: u32,
+    /// The signal a traced process just died of, for the crash snapshot's end.
+    crash_signal: Option<i32>,
+    /// `--min-duration` in ticks, for the calls the recorder closes itself.
+    min_ticks: u64,
 }
 
 impl Recorder {
@@ -386,6 +600,25 @@ impl Recorder {
             self.writer.write_image(sid, &text)?;
             self.images_written.insert(sid);
             self.image_copied.insert(sid, Instant::now());
+            if let Some(f) = &mut self.flight {
+                f.image(sid, &text);
+                self.image_texts.insert(sid, text);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores one thread's records: into the trace, or in flight mode into its ring (after
+    /// the triggers have seen those they have not seen yet, from `from` on).
+    fn store(&mut self, seg: Segment, from: usize) -> Result<()> {
+        self.calls += seg.recs.len() as u64;
+        self.pids.insert(seg.pid);
+        match &mut self.flight {
+            Some(f) => {
+                f.scan(seg.sid, &seg.recs[from.min(seg.recs.len())..]);
+                f.keep(seg);
+            }
+            None => self.writer.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs)?,
         }
         Ok(())
     }
@@ -393,9 +626,9 @@ impl Recorder {
     /// Writes chunk `i` (holding `n` records) to the trace and frees it.
     fn take(&mut self, i: u32, n: usize, extra_flags: u32) -> Result<()> {
         // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
-        let (sid, pid, tid, seq, lost, flags) = unsafe {
+        let (sid, pid, tid, seq, lost, flags, name) = unsafe {
             let c = &*self.region.chunk(i);
-            (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags)
+            (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags, c.thread_name)
         };
         if !self.images_written.contains(&sid) || !self.images_checked {
             self.copy_images()?;
@@ -406,11 +639,28 @@ impl Recorder {
         if extra_flags & CHUNK_FLAG_ABANDONED == 0 && (seq % 64 == 0 || !self.thread_names.contains_key(&(pid, tid))) {
             self.name_thread(pid, tid);
         }
+        // The name the thread had when it handed the chunk over: the latest, and the only
+        // one of a thread that ended before the recorder looked.
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        if !name.is_empty() && extra_flags & CHUNK_FLAG_ABANDONED == 0 {
+            let name = String::from_utf8_lossy(name);
+            if self.thread_names.get(&(pid, tid)).is_none_or(|n| *n != name) {
+                self.thread_names.insert((pid, tid), name.into_owned());
+            }
+        }
         let recs = self.region.records(i, n);
-        self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
-        self.calls += recs.len() as u64;
-        self.pids.insert(pid);
-        let used = CHUNK_HEADER_SIZE + (recs.len() + 1).min(records_per_chunk(self.region.chunk_size)) * RECORD_SIZE;
+        let nrec = recs.len();
+        if self.flight.is_some() {
+            let from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
+            let seg = Segment { sid, pid, tid, seq, lost, flags: flags | extra_flags, recs: recs.to_vec() };
+            self.store(seg, from)?;
+        } else {
+            // Straight from shared memory: no copy on the path of every call.
+            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
+            self.calls += nrec as u64;
+            self.pids.insert(pid);
+        }
+        let used = CHUNK_HEADER_SIZE + (nrec + 1).min(records_per_chunk(self.region.chunk_size)) * RECORD_SIZE;
         // SAFETY: zeroing the used part of a chunk nobody owns; the state word is set FREE last
         // with release ordering so that an agent taking it sees zeroed memory.
         unsafe {
@@ -418,6 +668,10 @@ impl Recorder {
             std::ptr::write_bytes(base.add(4), 0, used - 4);
         }
         self.region.state(i).store(CHUNK_FREE, Ordering::Release);
+        // The next thread that needs a chunk starts looking here: chunks are reused last in,
+        // first out, so the program keeps writing into a few pages that are mapped and warm
+        // instead of faulting in every page of the region once.
+        self.region.hint().store(i, Ordering::Relaxed);
         Ok(())
     }
 
@@ -448,22 +702,8 @@ impl Recorder {
     /// Copies chunks still owned by writers that are gone (all of them when `all`), in
     /// stream order: a thread holds up to two chunks.
     fn harvest(&mut self, all: bool) -> Result<()> {
-        let mut gone = Vec::new();
-        for i in 0..self.region.nchunks {
-            if self.region.state(i).load(Ordering::Acquire) != CHUNK_OWNED {
-                continue;
-            }
-            // SAFETY: reading the header of an owned chunk.
-            let (sid, pid, tid, seq) = unsafe {
-                let c = &*self.region.chunk(i);
-                (c.image_sid, c.pid, c.tid, c.seq)
-            };
-            if all || !process_alive(pid) {
-                gone.push((sid, pid, tid, seq, i));
-            }
-        }
-        gone.sort_unstable();
-        for (_, _, _, _, i) in gone {
+        let gone = self.region.owned_chunks().into_iter().filter(|&(_, pid, ..)| all || !process_alive(pid));
+        for (_, _, _, _, i) in gone.collect::<Vec<_>>() {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
             self.take(i, n, CHUNK_FLAG_ABANDONED)?;
@@ -471,11 +711,132 @@ impl Recorder {
         self.close_dead_stacks(all)
     }
 
+    /// Flight mode: shows the triggers the records written since the last look into chunks
+    /// threads still own, so that a slow call fires without waiting for its chunk to fill.
+    fn scan_live(&mut self) -> Result<()> {
+        if !self.flight.as_ref().is_some_and(Flight::watches_calls) {
+            return Ok(());
+        }
+        for (sid, _, _, seq, i) in self.region.owned_chunks() {
+            if !self.images_written.contains(&sid) {
+                // The triggers know the functions by name: the table first.
+                self.copy_images()?;
+            }
+            let Some(f) = &mut self.flight else { return Ok(()) };
+            let seen = self.scanned.get(&i).filter(|&&(s, _)| s == seq).map_or(0, |&(_, k)| k);
+            let recs = self.region.live_records(i, seen);
+            if !recs.is_empty() {
+                f.scan(sid, &recs);
+                self.scanned.insert(i, (seq, seen + recs.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Flight mode: writes a snapshot if a trigger fired or one was asked for, and answers
+    /// the requests. `crashed` names a process that just died of a crash signal.
+    fn snapshot_if_due(&mut self) -> Result<()> {
+        let Some(f) = &mut self.flight else { return Ok(()) };
+        let asked = self.region.requests().load(Ordering::Acquire);
+        if asked != self.requests_seen {
+            f.fire("asked for (signal or `fnscope snapshot`)".to_string());
+        }
+        if let Some(why) = f.take_pending() {
+            self.snapshot(&why)?;
+        }
+        if asked != self.requests_seen {
+            self.requests_seen = asked;
+            self.region.answered().store(asked, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Writes what the flight recorder holds, and what the threads hold now, as the trace
+    /// folder `DIR/snapshot-N` (written under another name, then renamed: a folder of that
+    /// name is complete).
+    fn snapshot(&mut self, why: &str) -> Result<()> {
+        self.drain()?;
+        self.copy_images()?;
+        let n = self.flight.as_ref().map_or(0, |f| f.written) + 1;
+        let dir = crate::flight::snapshot_dir(&self.dir, n);
+        let tmp = self.dir.join(format!(".snapshot-{n}.tmp"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        // The threads' current chunks first, then their open calls: a call that returns in
+        // between is then in neither, never in both.
+        let mut live: BTreeMap<(u32, u32), Vec<Segment>> = BTreeMap::new();
+        for (sid, pid, tid, seq, i) in self.region.owned_chunks() {
+            let recs = self.region.live_records(i, 0);
+            live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags: 0, recs });
+        }
+        let now = tsc();
+        for i in 0..self.region.slots {
+            use fnscope_abi::{SlotHead, SLOT_OWNED};
+            let slot = self.region.slot(i);
+            // SAFETY: the header of a slot inside the mapping; state is read atomically.
+            let (state, closed, sid, pid, tid) = unsafe {
+                let h = slot as *mut SlotHead;
+                (
+                    AtomicU32::from_ptr(std::ptr::addr_of_mut!((*h).state)).load(Ordering::Acquire),
+                    std::ptr::read_volatile(&(*h).closed),
+                    (*h).image_sid,
+                    (*h).pid,
+                    (*h).tid,
+                )
+            };
+            if state == SLOT_OWNED && closed == 0 {
+                let (seq, recs) = self.region.open_calls(i, now, self.min_ticks);
+                let flags = CHUNK_FLAG_ABANDONED;
+                live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags, recs });
+            }
+        }
+        let mut w = TraceWriter::create(&tmp.join("trace.fns"))?;
+        w.write_meta(&self.meta)?;
+        for (sid, text) in &self.image_texts {
+            w.write_image(*sid, text)?;
+        }
+        let mut calls = 0u64;
+        let mut pids = BTreeSet::new();
+        let Some(f) = &self.flight else { return Ok(()) };
+        let live_segs = live.values().flatten();
+        for seg in f.segments().chain(live_segs).filter(|s| !s.recs.is_empty()) {
+            w.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs)?;
+            calls += seg.recs.len() as u64;
+            pids.insert(seg.pid);
+        }
+        let (tsc1, mono1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC));
+        w.write_end(&EndInfo {
+            end_unix_ns: clock_ns(libc::CLOCK_REALTIME),
+            tsc_at_end: tsc1,
+            ticks_per_ns: (tsc1 - self.start.0) as f64 / (mono1 - self.start.1).max(1) as f64,
+            exit_status: None,
+            killed_by_signal: self.crash_signal.take(),
+            lost_records: self.region.lost(),
+            unmatched_returns: self.region.unmatched_returns(),
+            processes: pids.iter().copied().collect(),
+            threads: self
+                .thread_names
+                .iter()
+                .filter(|((pid, _), _)| pids.contains(pid))
+                .map(|(&(pid, tid), name)| fnscope_format::ThreadName { pid, tid, name: name.clone() })
+                .collect(),
+        })?;
+        w.flush()?;
+        let bytes = w.bytes_written();
+        drop(w);
+        std::fs::rename(&tmp, &dir).with_context(|| format!("cannot rename {} to {}", tmp.display(), dir.display()))?;
+        if let Some(f) = &mut self.flight {
+            f.wrote();
+        }
+        eprintln!("fnscope: snapshot {n} ({why}): {calls} calls, {} in {}", human_bytes(bytes), dir.display());
+        Ok(())
+    }
+
     /// Records the calls still open in the shadow stacks of threads whose process is gone
     /// (all of them when `all`) as cut off, after the thread's last records, and frees the
     /// slots. Threads that ended normally marked their open calls as recorded already.
     fn close_dead_stacks(&mut self, all: bool) -> Result<()> {
-        use fnscope_abi::{SlotHead, REC_FLAG_CUT, REC_FLAG_UNWOUND, SLOT_OWNED, SLOT_STATE_OFFSET, STATE_SEQ, STATE_SS_BASE, STATE_SS_TOP};
+        use fnscope_abi::{SlotHead, SLOT_OWNED};
         let now = tsc();
         for i in 0..self.region.slots {
             let slot = self.region.slot(i);
@@ -498,32 +859,12 @@ impl Recorder {
                 continue;
             }
             if closed == 0 {
-                // SAFETY: the state lies in the slot's first page; its owner is gone, so the
-                // fields and the entries below `ss_top` no longer change.
-                let (top, base, seq) = unsafe {
-                    let st = slot.add(SLOT_STATE_OFFSET);
-                    (*(st.add(STATE_SS_TOP) as *const u64), *(st.add(STATE_SS_BASE) as *const u64), *(st.add(STATE_SEQ) as *const u64))
-                };
-                let open = (top.saturating_sub(base) / 32).min(fnscope_abi::SHADOW_ENTRIES as u64) as usize;
-                // Deepest first: records are in the order calls end.
-                let recs: Vec<Record> = (0..open)
-                    .rev()
-                    .map(|d| {
-                        // SAFETY: entry d of the slot's shadow stack, inside the slot.
-                        let (t_entry, id) = unsafe {
-                            let e = slot.add(4096 + d * 32) as *const u64;
-                            (*e.add(1), *e.add(2))
-                        };
-                        Record::new(t_entry, now.max(t_entry), id as u32, d as u32, REC_FLAG_UNWOUND | REC_FLAG_CUT)
-                    })
-                    .collect();
+                let (seq, recs) = self.region.open_calls(i, now, self.min_ticks);
                 if !recs.is_empty() {
                     if !self.images_written.contains(&sid) {
                         self.copy_images()?;
                     }
-                    self.writer.write_segment(sid, pid, tid, seq, 0, CHUNK_FLAG_ABANDONED, &recs)?;
-                    self.calls += recs.len() as u64;
-                    self.pids.insert(pid);
+                    self.store(Segment { sid, pid, tid, seq, lost: 0, flags: CHUNK_FLAG_ABANDONED, recs }, 0)?;
                 }
             }
             state.store(fnscope_abi::SLOT_FREE, Ordering::Release);
@@ -537,6 +878,9 @@ fn process_alive(pid: u32) -> bool {
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
+
+/// Signals whose death is a crash (`--trigger crash`).
+const CRASH_SIGNALS: [i32; 7] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS];
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
@@ -580,7 +924,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let agent = crate::agent_lib::path()?;
     let mut writer = TraceWriter::create(&dir.join("trace.fns"))?;
     let (tsc0, mono0, real0) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
-    writer.write_meta(&Meta {
+    let meta = Meta {
         command: opts.command.clone(),
         cwd: std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default(),
         start_unix_ns: real0,
@@ -588,8 +932,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         host: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         fnscope_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: if opts.count { "count" } else { "time" }.to_string(),
-    })?;
+        flight: opts.flight.is_some(),
+    };
+    writer.write_meta(&meta)?;
     writer.flush()?;
+    let f = &opts.filters;
+    // Durations are compared in time-stamp-counter ticks, in the stubs and by the triggers.
+    let watches = opts.flight.as_ref().is_some_and(|o| o.has(|t| matches!(t, Trigger::Slow { .. })));
+    let ticks_per_ns = if f.min_duration_ns > 0 || watches { tsc_rate(20) } else { 1.0 };
     let mut preload = agent.display().to_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD") {
         preload = format!("{preload}:{}", old.to_string_lossy());
@@ -616,10 +966,54 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if opts.mono_no_inline {
         cmd.env("MONO_ENV_OPTIONS", mono_no_inline(std::env::var_os("MONO_ENV_OPTIONS").as_deref()));
     }
+    if !f.filter.is_empty() {
+        cmd.env(fnscope_abi::ENV_FILTER, f.filter.join("\n"));
+    }
+    if !f.exclude.is_empty() {
+        cmd.env(fnscope_abi::ENV_EXCLUDE, f.exclude.join("\n"));
+    }
+    if f.app_only {
+        cmd.env(fnscope_abi::ENV_APP_ONLY, "1").env(fnscope_abi::ENV_SYSTEM_DIRS, f.system_dirs.join(":"));
+    }
+    if f.depth > 0 {
+        cmd.env(fnscope_abi::ENV_DEPTH, f.depth.to_string());
+    }
+    // Rounded down: a call at the threshold is kept.
+    let min_ticks = if f.min_duration_ns > 0 { ((f.min_duration_ns as f64 * ticks_per_ns) as u64).max(1) } else { 0 };
+    if min_ticks > 0 {
+        cmd.env(fnscope_abi::ENV_MIN_TICKS, min_ticks.to_string());
+    }
+    if let Some(o) = &opts.flight {
+        cmd.env(crate::flight::ENV_FLIGHT, "1");
+        if let Some(sig) = o.signal() {
+            cmd.env(fnscope_abi::ENV_TRIGGER_SIGNAL, sig.to_string());
+        }
+    }
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();
     let child_pid = child.id() as libc::pid_t;
-    let mut rec = Recorder { region, writer, dir: dir.clone(), images_written: HashSet::new(), image_stamps: HashMap::new(), image_copied: HashMap::new(), images_final: false, images_checked: false, pids: BTreeSet::new(), calls: 0, thread_names: BTreeMap::new() };
+    let flight = opts.flight.clone().map(|o| Flight::new(o, ticks_per_ns));
+    let mut rec = Recorder {
+        region,
+        writer,
+        dir: dir.clone(),
+        images_written: HashSet::new(),
+        image_stamps: HashMap::new(),
+        image_copied: HashMap::new(),
+        images_final: false,
+        images_checked: false,
+        pids: BTreeSet::new(),
+        calls: 0,
+        thread_names: BTreeMap::new(),
+        meta,
+        start: (tsc0, mono0),
+        image_texts: BTreeMap::new(),
+        flight,
+        scanned: HashMap::new(),
+        requests_seen: 0,
+        crash_signal: None,
+        min_ticks,
+    };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
     loop {
@@ -651,6 +1045,16 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                     (None, Some(libc::WTERMSIG(st)))
                 });
             }
+            if libc::WIFSIGNALED(st) && CRASH_SIGNALS.contains(&libc::WTERMSIG(st)) {
+                if let Some(f) = &mut rec.flight {
+                    if f.opts.has(|t| matches!(t, Trigger::Crash)) {
+                        f.fire(format!("crash: process {r} died of signal {}", libc::WTERMSIG(st)));
+                        rec.crash_signal = Some(libc::WTERMSIG(st));
+                        // Its chunks and open calls first: they are what the snapshot is for.
+                        rec.harvest(false)?;
+                    }
+                }
+            }
         }
         if all_gone {
             break;
@@ -660,6 +1064,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             rec.writer.flush()?;
             last_harvest = Instant::now();
         }
+        rec.scan_live()?;
+        rec.snapshot_if_due()?;
         if busy == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -668,6 +1074,17 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     rec.harvest(true)?;
     rec.images_final = true;
     rec.copy_images()?;
+    rec.snapshot_if_due()?;
+    if let Some(f) = &mut rec.flight {
+        if f.opts.has(|t| matches!(t, Trigger::Exit)) && f.written < f.opts.max_snapshots {
+            let why = match status {
+                Some((Some(c), _)) => format!("exit: the program ended with status {c}"),
+                Some((None, Some(s))) => format!("exit: the program was killed by signal {s}"),
+                _ => "exit".to_string(),
+            };
+            rec.snapshot(&why)?;
+        }
+    }
     let counted = copy_counts(&dir, &mut rec.writer, &mut rec.pids)?;
     let (tsc1, mono1, real1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
     let ticks_per_ns = if mono1 > mono0 { (tsc1 - tsc0) as f64 / (mono1 - mono0) as f64 } else { 1.0 };
@@ -704,7 +1121,18 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
              each was matched to the newest call it could be the return of"
         );
     }
-    if opts.count {
+    if let Some(f) = &rec.flight {
+        eprintln!(
+            "fnscope: {} functions hooked, {} skipped; flight recorder: {} calls seen in {} process(es){}, {} snapshot(s) in {}",
+            hooked,
+            skipped,
+            rec.calls,
+            rec.pids.len().max(1),
+            lost_note,
+            f.written,
+            opts.output.display(),
+        );
+    } else if opts.count {
         eprintln!(
             "fnscope: {} functions hooked, {} skipped; {} calls counted in {} process(es); trace {} in {}",
             hooked,

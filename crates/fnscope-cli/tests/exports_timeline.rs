@@ -199,6 +199,7 @@ fn perfetto_threads(file: &Value, pid: u64, start_ns: u64) -> BTreeMap<u32, Vec<
     for s in file["slices"].as_array().unwrap() {
         let t = &tracks[&s["track"].to_string()];
         assert_eq!(s["args"]["module"], "timeline", "{s}");
+        check_source(s["name"].as_str().unwrap(), &s["args"]["source"]);
         let slice = Slice {
             name: s["name"].as_str().unwrap().to_string(),
             depth: s["depth"].as_u64().unwrap() as usize,
@@ -210,6 +211,22 @@ fn perfetto_threads(file: &Value, pid: u64, start_ns: u64) -> BTreeMap<u32, Vec<
         out.get_mut(&(t["tid"].as_u64().unwrap() as u32)).unwrap().push((slice, continued));
     }
     out
+}
+
+/// A slice's `source` argument is where the function is defined (`-g` build): in timeline.c
+/// or counts.h, the line at the start of a line that names it and does not end in `;`.
+fn check_source(name: &str, got: &Value) {
+    let defined = ["timeline.c", "counts.h"].into_iter().find_map(|file| {
+        let text = fs::read_to_string(programs_dir().join(file)).unwrap();
+        let line = text.lines().position(|l| {
+            !l.starts_with([' ', '\t', '*', '/', '#'])
+                && [' ', '*'].iter().any(|c| l.contains(&format!("{c}{name}(")))
+                && !l.trim_end().ends_with(';')
+        })?;
+        Some(format!("/{file}:{}", line + 1))
+    });
+    let want = defined.unwrap_or_else(|| panic!("{name} is defined in neither timeline.c nor counts.h"));
+    assert!(got.as_str().is_some_and(|g| g.ends_with(&want)), "source of {name}: {got}, want ...{want}");
 }
 
 /// Compares exported slices with the oracle, thread by thread, with a readable first
@@ -228,7 +245,7 @@ fn assert_same(what: &str, got: &Threads, want: &Threads) {
 /// A Chrome trace-event file's complete events per thread, in start order with their depth.
 fn chrome_threads(path: &Path, start_ns: u64) -> Threads {
     let mut t = chrome_events(path, start_ns);
-    t.values_mut().for_each(|v| nest(v));
+    t.values_mut().for_each(nest);
     t
 }
 
@@ -247,6 +264,7 @@ fn chrome_events(path: &Path, start_ns: u64) -> Threads {
             }
             "X" => {
                 assert_eq!(e["args"]["module"], "timeline", "{e}");
+                check_source(e["name"].as_str().unwrap(), &e["args"]["source"]);
                 let begin = start_ns + (e["ts"].as_f64().unwrap() * 1000.0).round() as u64;
                 out.entry(tid).or_default().push(Slice {
                     name: e["name"].as_str().unwrap().to_string(),
@@ -310,8 +328,11 @@ fn perfetto_slices_match_replay() {
         })
         .collect();
     assert_same("perfetto", &got, &want);
+    // Each function's name, module and `file:line` once (a path of up to ~150 bytes), then a
+    // few tens of bytes per call: repeated in every slice, they would be far over.
+    let functions = got.values().flatten().map(|s| s.name.as_str()).collect::<std::collections::BTreeSet<_>>().len() as u64;
     let bytes = fs::metadata(&out).unwrap().len();
-    assert!(bytes < 50 * calls, "{bytes} bytes for {calls} calls: names are interned");
+    assert!(bytes < 50 * calls + 200 * functions, "{bytes} bytes for {calls} calls of {functions} functions: strings are interned");
 }
 
 #[test]
@@ -395,7 +416,7 @@ fn split_files_each_open_on_their_own() {
             all.entry(tid).or_default().extend(v);
         }
     }
-    all.values_mut().for_each(|v| nest(v));
+    all.values_mut().for_each(nest);
     assert_same("chrome split", &all, &want);
 }
 
@@ -519,7 +540,9 @@ fn chrome_warns_past_what_viewers_open() {
 }
 
 /// Threads the program names itself (`pthread_setname_np`): the recorder reads the names
-/// while the threads run, and every timeline viewer labels their tracks with them.
+/// while the threads run, or from the chunk a thread hands over as it ends (a thread gone
+/// before the recorder looks at it: `gamma-quick`), and every timeline viewer labels their
+/// tracks with them.
 #[test]
 fn thread_names_label_the_tracks() {
     let dir = TempDir::new("export-thread-names");
@@ -532,14 +555,18 @@ static void *run(void *name) {
     pthread_setname_np(pthread_self(), (const char *)name);
     int s = 0;
     for (int i = 0; i < 1000; i++) s += step(i);
+    if (((const char *)name)[0] == 'g')
+        return (void *)(long)s;
     usleep(300000); /* the recorder looks at running threads every 100 ms */
     for (int i = 0; i < 1000; i++) s += step(i);
     return (void *)(long)s;
 }
 int main(void) {
-    pthread_t a, b;
+    pthread_t a, b, c;
     pthread_create(&a, 0, run, "alpha-worker");
     pthread_create(&b, 0, run, "beta-worker");
+    pthread_create(&c, 0, run, "gamma-quick");
+    pthread_join(c, 0);
     pthread_join(a, 0);
     pthread_join(b, 0);
     return 0;
@@ -564,7 +591,7 @@ int main(void) {
         })
         .collect();
     labels.sort();
-    assert_eq!(labels, ["alpha-worker", "beta-worker", "named"]);
+    assert_eq!(labels, ["alpha-worker", "beta-worker", "gamma-quick", "named"]);
     let pf = dir.join("t.pftrace");
     ok(&["export", "--format", "perfetto", "-i", path_str(&trace), "-o", path_str(&pf)]);
     let names: Vec<String> = decode_perfetto(&[pf])[0]["tracks"]
@@ -574,7 +601,7 @@ int main(void) {
         .filter(|t| t["kind"] != "process")
         .map(|t| t["name"].as_str().unwrap().rsplit_once(' ').unwrap().0.to_string())
         .collect();
-    for want in ["alpha-worker", "beta-worker"] {
+    for want in ["alpha-worker", "beta-worker", "gamma-quick"] {
         assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
     }
 }

@@ -327,3 +327,22 @@ class D {
         assert_eq!(calls.get(&name).copied(), Some(i % 3 + 1), "{name}");
     }
 }
+
+/// `--filter` decides for managed methods as for native functions, by Mono's name.
+#[test]
+fn record_filters_apply_to_managed_methods() {
+    let dir = TempDir::new("mono-filter");
+    let exe = compile(&dir, "calls", SOURCE);
+    let inv = Invocation::new(tool("mono"), dir.path())
+        .args(&[path_str(&exe), "20"])
+        .record_args(&["--mono-no-inline", "--filter", "P:*"]);
+    let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
+    let trace = dir.join("trace");
+    let recorded = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &recorded);
+    assert!(problems.is_empty(), "{problems:?}");
+    let calls = managed_calls(&trace);
+    let others: Vec<&String> = calls.keys().filter(|n| !n.starts_with("P:")).collect();
+    assert!(others.is_empty(), "methods outside the filter traced: {others:?}");
+    assert_eq!(calls.get("P:Fib (int)").copied(), Some(own_counts(&native.stdout)["fib"]));
+}

@@ -20,6 +20,8 @@ const VIEWER_MAX_BYTES: u64 = 256 << 20;
 struct FuncJson {
     name: String,
     module: String,
+    /// `,"source":"file:line"` when known, else empty.
+    source: String,
 }
 
 struct Writer {
@@ -160,6 +162,7 @@ impl Writer {
         let func = self.funcs[f].get_or_insert_with(|| FuncJson {
             name: json(cx.names.name(c.func)),
             module: json(cx.names.module(c.func)),
+            source: cx.names.source(c.func).map(|s| format!(",\"source\":{}", json(s))).unwrap_or_default(),
         });
         let start = cx.trace.ns_since_start(c.entry_tsc);
         let end = cx.trace.ns_since_start(c.exit_tsc);
@@ -169,7 +172,7 @@ impl Writer {
         micros(&mut b, start);
         b.extend_from_slice(b",\"dur\":");
         micros(&mut b, end - start);
-        let _ = write!(b, ",\"name\":{},\"args\":{{\"module\":{}", func.name, func.module);
+        let _ = write!(b, ",\"name\":{},\"args\":{{\"module\":{}{}", func.name, func.module, func.source);
         if c.ending != Ending::Returned {
             let _ = write!(b, ",\"ending\":\"{}\"", c.ending.as_str());
         }

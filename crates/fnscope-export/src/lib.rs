@@ -20,7 +20,7 @@ mod speedscope;
 mod stacks;
 mod timeline;
 
-pub use select::{parse_time_window, Selector};
+pub use select::{parse_duration, parse_time_window, Selector};
 
 use fnscope_analysis::{AnalysisError, Selection};
 use std::path::{Path, PathBuf};

@@ -141,6 +141,7 @@ const SEQUENCE: u32 = 1;
 const ANN_MODULE: u64 = 1;
 const ANN_ENDING: u64 = 2;
 const ANN_CONTINUED: u64 = 3;
+const ANN_SOURCE: u64 = 4;
 
 /// A thread's track, and its slices begun and not yet ended (for a cut between files).
 struct ThreadTrack {
@@ -151,12 +152,13 @@ struct ThreadTrack {
 
 /// What the export keeps of a function met.
 struct Func {
-    /// Its module's iid.
-    module: u64,
+    /// The iids of its module's name and of its place in the sources (if known), interned
+    /// strings of the annotations.
+    strings: Vec<u64>,
     /// Whether its name is interned in the current file.
     interned: bool,
     /// The fields of its slices' begin events past type and track (`TrackEvent` fields
-    /// encoded: name iid, module annotation), encoded once.
+    /// encoded: name iid, module and source annotations), encoded once.
     tail: Vec<u8>,
 }
 
@@ -211,10 +213,11 @@ struct Writer {
     last: Option<((u32, u32), usize)>,
     /// By function index; `None` until met.
     funcs: Vec<Option<Func>>,
-    modules: HashMap<String, u64>,
-    module_names: Vec<String>,
-    /// Whether each module is interned in the current file.
-    module_interned: Vec<bool>,
+    /// Annotation strings (module names, `file:line`s) by value, and their iids (index + 1).
+    strings: HashMap<String, u64>,
+    string_values: Vec<String>,
+    /// Whether each string is interned in the current file.
+    string_interned: Vec<bool>,
 }
 
 impl Writer {
@@ -228,9 +231,9 @@ impl Writer {
             thread_index: HashMap::new(),
             last: None,
             funcs: Vec::new(),
-            modules: HashMap::new(),
-            module_names: Vec::new(),
-            module_interned: Vec::new(),
+            strings: HashMap::new(),
+            string_values: Vec::new(),
+            string_interned: Vec::new(),
         }
     }
 
@@ -244,8 +247,8 @@ impl Writer {
     /// The first packets of a file: incremental state cleared, annotation names, tracks.
     fn start_file(&mut self) -> Result<(), ExportError> {
         self.funcs.iter_mut().flatten().for_each(|f| f.interned = false);
-        self.module_interned.iter_mut().for_each(|b| *b = false);
-        let names = [(ANN_MODULE, "module"), (ANN_ENDING, "ending"), (ANN_CONTINUED, "continued")];
+        self.string_interned.iter_mut().for_each(|b| *b = false);
+        let names = [(ANN_MODULE, "module"), (ANN_ENDING, "ending"), (ANN_CONTINUED, "continued"), (ANN_SOURCE, "source")];
         self.packet(&TracePacket {
             trusted_packet_sequence_id: Some(SEQUENCE),
             sequence_flags: Some(SEQ_INCREMENTAL_STATE_CLEARED),
@@ -329,35 +332,37 @@ impl Writer {
         Ok(i)
     }
 
-    /// Interns `c`'s name and module in the current file if they are not yet, in a packet of
-    /// their own.
+    /// The iid of an annotation string.
+    fn string(&mut self, v: &str) -> u64 {
+        let next = self.strings.len() as u64 + 1;
+        let iid = *self.strings.entry(v.to_string()).or_insert(next);
+        if iid == next {
+            self.string_values.push(v.to_string());
+            self.string_interned.push(false);
+        }
+        iid
+    }
+
+    /// Interns `c`'s name, module and source position in the current file if they are not
+    /// yet, in a packet of their own.
     fn intern(&mut self, cx: &mut WalkContext, func: u32) -> Result<(), ExportError> {
         let f = func as usize;
         if f >= self.funcs.len() {
             self.funcs.resize_with(f + 1, || None);
         }
         if self.funcs[f].is_none() {
-            let m = cx.names.module(func);
-            let next = self.modules.len() as u64 + 1;
-            let module = *self.modules.entry(m.to_string()).or_insert(next);
-            if module == next {
-                self.module_names.push(m.to_string());
-                self.module_interned.push(false);
+            let mut strings = vec![self.string(cx.names.module(func))];
+            let mut annotations = vec![DebugAnnotation { name_iid: Some(ANN_MODULE), string_value_iid: Some(strings[0]), ..Default::default() }];
+            if let Some(src) = cx.names.source(func) {
+                let iid = self.string(src);
+                strings.push(iid);
+                annotations.push(DebugAnnotation { name_iid: Some(ANN_SOURCE), string_value_iid: Some(iid), ..Default::default() });
             }
-            let tail = TrackEvent {
-                name_iid: Some(u64::from(func) + 1),
-                debug_annotations: vec![DebugAnnotation {
-                    name_iid: Some(ANN_MODULE),
-                    string_value_iid: Some(module),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            self.funcs[f] = Some(Func { module, interned: false, tail: tail.encode_to_vec() });
+            let tail = TrackEvent { name_iid: Some(u64::from(func) + 1), debug_annotations: annotations, ..Default::default() };
+            self.funcs[f] = Some(Func { strings, interned: false, tail: tail.encode_to_vec() });
         }
         let state = self.funcs[f].as_mut().expect("set above");
-        let m = state.module as usize - 1;
-        if state.interned && self.module_interned[m] {
+        if state.interned && state.strings.iter().all(|&s| self.string_interned[s as usize - 1]) {
             return Ok(());
         }
         let mut interned = InternedData::default();
@@ -365,12 +370,12 @@ impl Writer {
             state.interned = true;
             interned.event_names.push(EventName { iid: Some(u64::from(func) + 1), name: Some(cx.names.name(func).to_string()) });
         }
-        if !self.module_interned[m] {
-            self.module_interned[m] = true;
-            interned.debug_annotation_string_values.push(InternedString {
-                iid: Some(m as u64 + 1),
-                str: Some(self.module_names[m].as_bytes().to_vec()),
-            });
+        for &s in &state.strings {
+            let k = s as usize - 1;
+            if !self.string_interned[k] {
+                self.string_interned[k] = true;
+                interned.debug_annotation_string_values.push(InternedString { iid: Some(s), str: Some(self.string_values[k].as_bytes().to_vec()) });
+            }
         }
         self.packet(&TracePacket {
             trusted_packet_sequence_id: Some(SEQUENCE),

@@ -198,23 +198,34 @@ pub fn parse_time_window(s: &str) -> Result<(Option<u64>, Option<u64>), ExportEr
         if x.is_empty() {
             return Ok(None);
         }
-        let split = x.find(|ch: char| ch.is_ascii_alphabetic()).unwrap_or(x.len());
-        let (num, unit) = x.split_at(split);
-        let n: f64 = num.parse().map_err(|_| bad(&format!("{num:?} is not a number")))?;
-        let scale = match unit {
-            "ns" => 1.0,
-            "us" => 1e3,
-            "ms" => 1e6,
-            "" | "s" => 1e9,
-            "m" => 60e9,
-            u => return Err(bad(&format!("unknown unit {u:?}"))),
-        };
-        if !(n >= 0.0 && n.is_finite()) {
-            return Err(bad("times are not negative"));
-        }
-        Ok(Some((n * scale).round() as u64))
+        parse_ns(x).map(Some).map_err(|why| bad(&why))
     };
     Ok((one(a)?, one(b)?))
+}
+
+/// Parses a duration such as `50us`, `2ms` or `1.5s` (`ns`, `us`, `ms`, `s`, `m`; seconds
+/// without a unit) for the option named `option`; returns ns.
+pub fn parse_duration(s: &str, option: &str) -> Result<u64, ExportError> {
+    parse_ns(s.trim()).map_err(|why| ExportError::BadOption(format!("{option} {s:?}: {why}; write a duration such as 50us, 2ms or 1.5s")))
+}
+
+/// A number with a time unit, in ns; the error says what is wrong with it.
+fn parse_ns(x: &str) -> Result<u64, String> {
+    let split = x.find(|ch: char| ch.is_ascii_alphabetic()).unwrap_or(x.len());
+    let (num, unit) = x.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{num:?} is not a number"))?;
+    let scale = match unit {
+        "ns" => 1.0,
+        "us" => 1e3,
+        "ms" => 1e6,
+        "" | "s" => 1e9,
+        "m" => 60e9,
+        u => return Err(format!("unknown unit {u:?}")),
+    };
+    if !(n >= 0.0 && n.is_finite()) {
+        return Err("times are not negative".to_string());
+    }
+    Ok((n * scale).round() as u64)
 }
 
 #[cfg(test)]
@@ -230,5 +241,7 @@ mod tests {
         for bad in ["1s", "x..2s", "1h..", "-1s.."] {
             assert!(parse_time_window(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_duration("50us", "--min-duration").unwrap(), 50_000);
+        assert!(parse_duration("5 parsecs", "--min-duration").is_err());
     }
 }

@@ -28,7 +28,7 @@ pub(crate) fn walk_selected(
     let mut events = 0u64;
     let walked = walk_calls(input, &opts.selection, Order::Completed, |cx, ev| {
         events += 1;
-        if events % PROGRESS_EVERY == 0 {
+        if events.is_multiple_of(PROGRESS_EVERY) {
             progress(cx.bytes_read, cx.trace.bytes);
         }
         let step = match selector.select(cx, ev) {

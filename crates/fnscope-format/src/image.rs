@@ -25,6 +25,8 @@ pub struct ImageTable {
     /// Functions listed in `funcs` whose jump could not be written after all (the table is
     /// written before patching), by id, with the reason.
     pub unhooked: Vec<(u32, String)>,
+    /// Modules `record --app-only` treated as system code and did not hook.
+    pub system: Vec<String>,
 }
 
 /// One ELF module of an image.
@@ -157,6 +159,7 @@ impl ImageTable {
                         raw_name: f[5].to_string(),
                     });
                 }
+                "system" => t.system.push(rest.to_string()),
                 "unhooked" => {
                     let (id, why) = rest.split_once('\t').unwrap_or((rest, ""));
                     let id = dec(id).ok_or_else(|| bad(n, format!("bad function id `{id}`")))?;

@@ -86,6 +86,10 @@ pub struct Meta {
     /// Recording mode: `"time"` for paired entry/exit records, `"count"` for call counts
     /// only, `"merged"` for a trace made by `fnscope merge` out of several runs.
     pub mode: String,
+    /// Recorded with `record --flight`: the calls are in the snapshots (`snapshot-N` folders
+    /// next to this file), not here. Absent (false) otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub flight: bool,
 }
 
 /// The META JSON of a merged trace: [`Meta`] plus the list of runs it was made of.

@@ -47,6 +47,7 @@ fn sample_meta() -> Meta {
         host: "box".into(),
         fnscope_version: "0.1.0".into(),
         mode: "time".into(),
+        flight: false,
     }
 }
 
