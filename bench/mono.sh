@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Per-call cost of tracing managed methods on Mono: fnscope (timing and count mode) next to
 # Mono's own `--trace` and `--profile=log:calls` (enter/leave instrumentation of every
-# method), on one small method called N and 3N times. The per-call cost is the growth of the
-# wall time from N to 3N calls, over 2N, minus the same for the native run: fixed costs
-# (start-up, hooking, writing out) cancel. Prints a Markdown table (medians of BENCH_RUNS
-# rounds).
+# method), on one small method called K and 3K times (K = BENCH_CALLS, 10x for count mode,
+# 1/4 for --trace). The per-call cost is the growth of the wall time from K to 3K calls, over
+# 2K, minus the same for the native run: fixed costs (start-up, hooking, writing out) cancel.
+# Prints a Markdown table (medians of BENCH_RUNS rounds).
 #
 #   bench/mono.sh      # BENCH_CALLS=2000000 BENCH_RUNS=5 FNSCOPE=target/release/fnscope
 #
@@ -42,27 +42,31 @@ median_ns() {
     printf '%s\n' "${times[@]}" | sort -n | sed -n "$(((runs + 1) / 2))p"
 }
 
-# Wall time (ns) of N and of 3N calls: "t1 t3". $1 is the command with N where the count goes.
+# Wall time (ns) of K and of 3K calls: "t1 t3". K is $1; in the command, @N@ stands for the
+# number of calls.
 times() {
-    local t1 t3
-    t1=$(median_ns "${@//@N@/$n}")
-    t3=$(median_ns "${@//@N@/$((3 * n))}")
+    local k=$1 t1 t3
+    shift
+    t1=$(median_ns "${@//@N@/$k}")
+    t3=$(median_ns "${@//@N@/$((3 * k))}")
     echo "$t1 $t3"
 }
-read -r b1 b3 < <(times mono "$work/step.exe" @N@)
-echo "| tool | wall time, $n calls | wall time, $((3 * n)) calls | per call over native |"
-echo "|---|---|---|---|"
-printf '| native `mono` | %.3f s | %.3f s | - |\n' "$(echo "$b1 / 1000000000" | bc -l)" "$(echo "$b3 / 1000000000" | bc -l)"
+echo "| tool | calls (K) | wall time, K calls | wall time, 3K calls | per call over native |"
+echo "|---|---|---|---|---|"
+# One row: name, K, command. The native run's growth from K to 3K calls is subtracted.
 row() {
-    local name=$1 t1 t3
-    shift
-    read -r t1 t3 < <(times "$@")
-    printf '| %s | %.3f s | %.3f s | %.1f ns |\n' "$name" "$(echo "$t1 / 1000000000" | bc -l)" "$(echo "$t3 / 1000000000" | bc -l)" \
-        "$(echo "(($t3 - $t1) - ($b3 - $b1)) / (2 * $n)" | bc -l)"
+    local name=$1 k=$2 t1 t3 b1 b3
+    shift 2
+    read -r b1 b3 < <(times "$k" mono "$work/step.exe" @N@)
+    read -r t1 t3 < <(times "$k" "$@")
+    printf '| %s | %s | %.3f s | %.3f s | %.1f ns |\n' "$name" "$k" "$(echo "$t1 / 1000000000" | bc -l)" "$(echo "$t3 / 1000000000" | bc -l)" \
+        "$(echo "(($t3 - $t1) - ($b3 - $b1)) / (2 * $k)" | bc -l)"
 }
-row '`fnscope record` (timing)' "$fnscope" record -o "$work/trace" -- mono "$work/step.exe" @N@
-row '`fnscope record --mode count`' "$fnscope" record --mode count -o "$work/trace" -- mono "$work/step.exe" @N@
-row '`mono --profile=log:calls`' mono --profile=log:calls,output="$work/log.mlpd" "$work/step.exe" @N@
-row '`mono --trace=M:Bench:Step` (to /dev/null)' mono --trace=M:Bench:Step "$work/step.exe" @N@
+row '`fnscope record` (timing)' "$n" "$fnscope" record -o "$work/trace" -- mono "$work/step.exe" @N@
+# Count mode costs a few ns a call: more calls, so that they outweigh the noise of its fixed
+# costs (about a second for the counters file).
+row '`fnscope record --mode count`' "$((10 * n))" "$fnscope" record --mode count -o "$work/trace" -- mono "$work/step.exe" @N@
+row '`mono --profile=log:calls`' "$n" mono --profile=log:calls,output="$work/log.mlpd" "$work/step.exe" @N@
+row '`mono --trace=M:Bench:Step` (to /dev/null)' "$((n / 4))" mono --trace=M:Bench:Step "$work/step.exe" @N@
 echo
 echo "Bench:Step (int), never inlined; $(nproc) CPUs; $(mono --version | head -1)"
