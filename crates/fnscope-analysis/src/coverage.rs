@@ -181,7 +181,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Opens the module's line tables if the file at `path` is the build that ran.
 fn sources(path: &str, build_id: Option<&str>) -> (Sources, Option<fnscope_symbols::SourceLines>) {
-    if path.starts_with('[') && path.ends_with(']') {
+    if crate::names::is_generated(path) {
         return (Sources::Generated, None);
     }
     if !Path::new(path).exists() {

@@ -346,3 +346,45 @@ fn record_filters_apply_to_managed_methods() {
     assert!(others.is_empty(), "methods outside the filter traced: {others:?}");
     assert_eq!(calls.get("P:Fib (int)").copied(), Some(own_counts(&native.stdout)["fib"]));
 }
+
+/// Code of unloaded AppDomains is freed and its addresses reused for other methods: each
+/// method keeps its own calls under its own name.
+#[test]
+fn code_of_unloaded_domains_does_not_lend_its_name() {
+    let dir = TempDir::new("mono-domains");
+    let exe = compile(
+        &dir,
+        "domains",
+        r#"using System;
+public class Worker : MarshalByRefObject {
+  // Returns how many times it called Sq.
+  public int Run(int n) { int calls = 0; for (int i = 0; i < n; i++) { Sq(i); calls++; } return calls; }
+  static int Sq(int x) { return x * x; }
+}
+class A {
+  static int Main() {
+    int runs = 0, sqs = 0;
+    for (int r = 0; r < 5; r++) {
+      var d = AppDomain.CreateDomain("d" + r);
+      var w = (Worker)d.CreateInstanceAndUnwrap(typeof(Worker).Assembly.FullName, "Worker");
+      sqs += w.Run(100 + r); runs++;
+      AppDomain.Unload(d);
+      Console.WriteLine(new System.Text.StringBuilder().Append("round ").Append(r).ToString());
+    }
+    Console.WriteLine("COUNT run " + runs);
+    Console.WriteLine("COUNT sq " + sqs);
+    return 0;
+  }
+}"#,
+    );
+    let inv = Invocation::new(tool("mono"), dir.path()).args(&[path_str(&exe)]).record_args(&["--mono-no-inline"]);
+    let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
+    let trace = dir.join("trace");
+    let recorded = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &recorded);
+    assert!(problems.is_empty(), "{problems:?}");
+    let own = own_counts(&native.stdout);
+    let calls = managed_calls(&trace);
+    assert_eq!(calls.get("Worker:Run (int)").copied(), Some(own["run"]), "Worker:Run (int)");
+    assert_eq!(calls.get("Worker:Sq (int)").copied(), Some(own["sq"]), "Worker:Sq (int)");
+}
