@@ -35,6 +35,21 @@ fn compile(dir: &TempDir, name: &str, source: &str) -> PathBuf {
     exe
 }
 
+/// Runs `inv` natively and under `fnscope record -o TRACE`, and checks that output and exit
+/// code are the same. With `--mono-no-inline` among the record options, the native run has
+/// inlining off too (what the option sets). Returns the native run.
+fn same_as_native(inv: &Invocation, trace: &Path) -> Run {
+    let mut native = inv.clone();
+    if inv.record_args.iter().any(|a| a == "--mono-no-inline") {
+        native = native.env("MONO_ENV_OPTIONS", "-O=-inline");
+    }
+    let native = native.run_native();
+    let recorded = inv.run_recorded(trace);
+    let problems = compare_runs(&native, &recorded);
+    assert!(problems.is_empty(), "{:?}: {problems:?}\n{}", inv.args, recorded.describe());
+    native
+}
+
 /// The program's own counts: its `COUNT key n` lines.
 fn own_counts(stdout: &str) -> BTreeMap<String, u64> {
     stdout
@@ -77,12 +92,9 @@ fn counts_match(dir: &TempDir, runner: &Path, record_args: &[&str]) -> (PathBuf,
     let mut args: Vec<&str> = record_args.to_vec();
     args.push("--mono-no-inline");
     let inv = Invocation::new(runner, dir.path()).args(&[path_str(&exe), "60"]).record_args(&args);
-    let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
-    assert_eq!(native.code, 3, "the program itself failed: {}", native.describe());
     let trace = dir.join("trace");
-    let recorded = inv.run_recorded(&trace);
-    let problems = compare_runs(&native, &recorded);
-    assert!(problems.is_empty(), "{problems:?}\n{}", recorded.describe());
+    let native = same_as_native(&inv, &trace);
+    assert_eq!(native.code, 3, "the program itself failed: {}", native.describe());
     let own = own_counts(&native.stdout);
     assert_eq!(own.len(), METHODS.len(), "COUNT lines: {own:?}");
     let calls = managed_calls(&trace);
@@ -228,12 +240,9 @@ class Q {
         .args(&[path_str(&exe)])
         .env("LD_LIBRARY_PATH", path_str(dir.path()))
         .record_args(&["--lib", "libnat", "--mono-no-inline"]);
-    let native = inv.run_native();
-    assert_eq!(native.stdout, "25\n", "{}", native.describe());
     let trace = dir.join("trace");
-    let recorded = inv.run_recorded(&trace);
-    let problems = compare_runs(&native, &recorded);
-    assert!(problems.is_empty(), "{problems:?}");
+    let native = same_as_native(&inv, &trace);
+    assert_eq!(native.stdout, "25\n", "{}", native.describe());
     let lines = fnscope_cmd(&["replay", "-i", path_str(&trace), "--format", "lines"]);
     assert_eq!(lines.code, 0, "{}", lines.describe());
     // The open calls at each `enter:Q:Square (int)`.
@@ -275,11 +284,8 @@ fn managed_exceptions_of_every_kind_behave_as_natively() {
     let exe = compile(&dir, "exceptions", include_str!("programs/mono_exceptions.cs"));
     for (i, args) in [vec![path_str(&exe)], vec![path_str(&exe), "unhandled"]].into_iter().enumerate() {
         let inv = Invocation::new(tool("mono"), dir.path()).args(&args).record_args(&["--mono-no-inline"]);
-        let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
         let trace = dir.join(format!("trace{i}"));
-        let recorded = inv.run_recorded(&trace);
-        let problems = compare_runs(&native, &recorded);
-        assert!(problems.is_empty(), "{args:?}: {problems:?}");
+        let native = same_as_native(&inv, &trace);
         let own = own_counts(&native.stdout);
         let calls = managed_calls(&trace);
         for (key, name) in METHODS {
@@ -316,11 +322,8 @@ class D {
     );
     let n = 1000;
     let inv = Invocation::new(tool("mono"), dir.path()).args(&[path_str(&exe).to_string(), n.to_string()]);
-    let native = inv.run_native();
     let trace = dir.join("trace");
-    let recorded = inv.run_recorded(&trace);
-    let problems = compare_runs(&native, &recorded);
-    assert!(problems.is_empty(), "{problems:?}");
+    same_as_native(&inv, &trace);
     let calls = managed_calls(&trace);
     for i in 0..n {
         let name = format!("(wrapper dynamic-method) object:Add{i} (int)");
@@ -336,11 +339,8 @@ fn record_filters_apply_to_managed_methods() {
     let inv = Invocation::new(tool("mono"), dir.path())
         .args(&[path_str(&exe), "20"])
         .record_args(&["--mono-no-inline", "--filter", "P:*"]);
-    let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
     let trace = dir.join("trace");
-    let recorded = inv.run_recorded(&trace);
-    let problems = compare_runs(&native, &recorded);
-    assert!(problems.is_empty(), "{problems:?}");
+    let native = same_as_native(&inv, &trace);
     let calls = managed_calls(&trace);
     let others: Vec<&String> = calls.keys().filter(|n| !n.starts_with("P:")).collect();
     assert!(others.is_empty(), "methods outside the filter traced: {others:?}");
@@ -378,11 +378,8 @@ class A {
 }"#,
     );
     let inv = Invocation::new(tool("mono"), dir.path()).args(&[path_str(&exe)]).record_args(&["--mono-no-inline"]);
-    let native = inv.clone().env("MONO_ENV_OPTIONS", "-O=-inline").run_native();
     let trace = dir.join("trace");
-    let recorded = inv.run_recorded(&trace);
-    let problems = compare_runs(&native, &recorded);
-    assert!(problems.is_empty(), "{problems:?}");
+    let native = same_as_native(&inv, &trace);
     let own = own_counts(&native.stdout);
     let calls = managed_calls(&trace);
     assert_eq!(calls.get("Worker:Run (int)").copied(), Some(own["run"]), "Worker:Run (int)");
