@@ -410,25 +410,24 @@ fn take_slot(st: &mut State, lo: u64, hi: u64, len: usize, target: u64) -> Resul
 /// Writes the 5-byte entry jump at `at`, making the page writable for the time it takes if
 /// it is not (code loaded ahead of time is mapped read-execute; JIT code is writable).
 fn write_jump(st: &mut State, at: u64, bytes: &[u8; fnscope_x86::JMP_LEN]) -> Result<(), String> {
-    let page = at & !4095;
-    let pages = if (at + bytes.len() as u64 - 1) & !4095 == page { 4096 } else { 8192 };
-    let end = page + pages as u64;
-    let cached = |st: &State| -> Option<u32> {
-        let m = st.maps.iter().find(|m| m.lo <= page && page < m.hi)?;
-        // A jump over two pages of different mappings takes the stricter protection.
-        let n = st.maps.iter().find(|n| n.lo < end && end <= n.hi)?;
-        Some(m.prot & n.prot)
+    let first = at & !4095;
+    let last = (at + bytes.len() as u64 - 1) & !4095;
+    let pages: &[u64] = if first == last { &[first] } else { &[first, last] };
+    let lookup = |st: &State| -> Option<Vec<u32>> {
+        pages.iter().map(|&p| st.maps.iter().find(|m| m.lo <= p && p < m.hi).map(|m| m.prot)).collect()
     };
-    let mut prot = if MAPS_STALE.load(Ordering::Acquire) { None } else { cached(st) };
-    if prot.is_none() {
+    let mut prots = if MAPS_STALE.load(Ordering::Acquire) { None } else { lookup(st) };
+    if prots.is_none() {
         MAPS_STALE.store(false, Ordering::Release);
         st.maps = hook::mappings();
-        prot = cached(st);
+        prots = lookup(st);
     }
-    let prot = prot.ok_or_else(|| format!("no mapping holds the code at {at:#x}"))?;
-    let writable = prot & PROT_WRITE != 0;
-    if !writable {
-        hook::set_prot(page, pages, prot | PROT_WRITE).map_err(|e| format!("cannot make its code writable: {e}"))?;
+    let prots = prots.ok_or_else(|| format!("no mapping holds the code at {at:#x}"))?;
+    // Each page keeps its own protection: a jump may straddle two mappings.
+    for (&p, &prot) in pages.iter().zip(&prots) {
+        if prot & PROT_WRITE == 0 {
+            hook::set_prot(p, 4096, prot | PROT_WRITE).map_err(|e| format!("cannot make its code writable: {e}"))?;
+        }
     }
     let word = at & !7;
     if at + bytes.len() as u64 <= word + 8 {
@@ -448,8 +447,11 @@ fn write_jump(st: &mut State, at: u64, bytes: &[u8; fnscope_x86::JMP_LEN]) -> Re
         // first whole instructions the analysis found movable.
         unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
     }
-    if !writable {
-        let _ = hook::set_prot(page, pages, prot);
+    for (&p, &prot) in pages.iter().zip(&prots) {
+        if prot & PROT_WRITE == 0 {
+            // Best effort: the jump is written either way, only left writable if this fails.
+            let _ = hook::set_prot(p, 4096, prot);
+        }
     }
     Ok(())
 }
