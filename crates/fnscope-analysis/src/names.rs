@@ -30,11 +30,13 @@ pub(crate) struct FuncInfo {
     name: Option<String>,
 }
 
+/// Module path, build-id, and the address or (generated code) the raw name.
+type FuncKey = (String, Option<String>, Result<u64, String>);
+
 #[derive(Default)]
 pub(crate) struct Names {
     funcs: Vec<FuncInfo>,
-    /// Module path, build-id, and the address or (generated code) the raw name.
-    by_key: HashMap<(String, Option<String>, Result<u64, String>), u32>,
+    by_key: HashMap<FuncKey, u32>,
     /// Function index by id, one table per image.
     tables: Vec<Vec<u32>>,
     /// Image sid to its table in `tables`.
