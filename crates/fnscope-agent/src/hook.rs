@@ -95,29 +95,29 @@ struct Planned {
 }
 
 /// A trampoline area: a header holding the stub addresses, then slots.
-struct Area {
-    base: u64,
-    len: usize,
+pub(crate) struct Area {
+    pub(crate) base: u64,
+    pub(crate) len: usize,
 }
 
-const AREA_HEADER: usize = 64;
+pub(crate) const AREA_HEADER: usize = 64;
 
-fn round_up(x: usize, a: usize) -> usize {
+pub(crate) fn round_up(x: usize, a: usize) -> usize {
     (x + a - 1) & !(a - 1)
 }
 
 /// One line of /proc/self/maps.
 #[derive(Clone, Copy, Debug)]
-struct Mapping {
-    lo: u64,
-    hi: u64,
+pub(crate) struct Mapping {
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
     /// `PROT_*` bits.
-    prot: u32,
+    pub(crate) prot: u32,
 }
 
 /// The process's mappings, by address. Read with raw system calls: this runs while the
 /// program's functions (and perhaps libc's) are being patched.
-fn mappings() -> Vec<Mapping> {
+pub(crate) fn mappings() -> Vec<Mapping> {
     let text = crate::sys::read_file(Path::new("/proc/self/maps")).unwrap_or_default();
     let mut v: Vec<Mapping> = String::from_utf8_lossy(&text)
         .lines()
@@ -134,9 +134,9 @@ fn mappings() -> Vec<Mapping> {
     v
 }
 
-const PROT_READ: u32 = 1;
-const PROT_WRITE: u32 = 2;
-const PROT_EXEC: u32 = 4;
+pub(crate) const PROT_READ: u32 = 1;
+pub(crate) const PROT_WRITE: u32 = 2;
+pub(crate) const PROT_EXEC: u32 = 4;
 
 /// Free gaps of the address space, from /proc/self/maps.
 fn maps_ranges() -> Vec<(u64, u64)> {
@@ -145,7 +145,7 @@ fn maps_ranges() -> Vec<(u64, u64)> {
 
 /// Maps `len` bytes read-write within ±2 GiB of every address in `[lo, hi)`, preferring the
 /// space just below the module (above it, the heap of an executable wants to grow).
-fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
+pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
     const PAGE: u64 = 4096;
     const REACH: u64 = (1 << 31) - (1 << 20);
     let len = round_up(len, PAGE as usize) as u64;
@@ -190,7 +190,7 @@ fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
     None
 }
 
-fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sys::Errno> {
+pub(crate) fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sys::Errno> {
     let start = addr & !4095;
     let end = round_up((addr + len as u64) as usize, 4096) as u64;
     crate::sys::mprotect(start, (end - start) as usize, prot)
@@ -308,7 +308,7 @@ pub enum SlotKind {
 }
 
 /// Head of a tracing (or pre-hook) slot: see [`crate::stubs`].
-fn trace_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
+pub(crate) fn trace_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
     let mut head = vec![0xccu8; SLOT_CODE_OFFSET];
     // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
     head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
@@ -323,12 +323,12 @@ fn trace_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
 }
 
 /// Bytes before a count slot's entry: the first-call tail.
-const COUNT_TAIL: usize = 16;
+pub(crate) const COUNT_TAIL: usize = 16;
 /// Offset of the relocated prologue in a count slot.
-const COUNT_CODE_OFFSET: usize = COUNT_TAIL + 33;
+pub(crate) const COUNT_CODE_OFFSET: usize = COUNT_TAIL + 33;
 
 /// Head of a counting slot: see [`crate::count`].
-fn count_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
+pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
     let rip_rel = |at: usize, len: usize, target: u64| -> [u8; 4] {
         ((target as i64 - (slot as i64 + (at + len) as i64)) as i32).to_le_bytes()
     };
@@ -511,9 +511,35 @@ impl ImageTable {
         let _ = writeln!(self.text, "system\t{}", path.display().to_string().replace(['\t', '\n'], " "));
     }
 
-    /// Notes that function `id`, listed as hooked, could not be patched after all.
-    pub fn unhooked(&mut self, id: u32, why: &str) {
-        let _ = writeln!(self.text, "unhooked\t{id}\t{}", why.replace(['\t', '\n'], " "));
+    /// Notes that function `id`, listed as hooked, could not be patched after all; returns
+    /// the line added.
+    pub fn unhooked(&mut self, id: u32, why: &str) -> String {
+        let line = format!("unhooked\t{id}\t{}\n", why.replace(['\t', '\n'], " "));
+        self.text.push_str(&line);
+        line
+    }
+
+    /// Adds a module for code that has no file (a JIT's output): its load bias is 0, so its
+    /// functions' addresses are run-time addresses. Returns its index and the line added.
+    pub fn add_generated_module(&mut self, name: &str) -> (u32, String) {
+        let midx = self.modules;
+        self.modules += 1;
+        let line = format!("module\t{midx}\t0\t-\t{name}\n");
+        self.text.push_str(&line);
+        (midx, line)
+    }
+
+    /// Hands out the next id (none at `max_id`) to a function of module `midx` at `addr`;
+    /// returns the id and the line added.
+    pub fn add_generated_func(&mut self, midx: u32, addr: u64, size: u64, name: &str, max_id: u32) -> Option<(u32, String)> {
+        if self.next_id >= max_id {
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = format!("func\t{id}\t{midx}\t{addr:x}\t{size}\t{}\n", name.replace(['\t', '\n'], " "));
+        self.text.push_str(&line);
+        Some((id, line))
     }
 }
 
@@ -556,7 +582,7 @@ pub fn plan_module(
     // Timing mode changes return addresses; code its module describes for unwinders everywhere
     // else but not here is someone's generated code, whose runtime may walk it.
     let cfi_elsewhere = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.has_cfi);
-    let walker = if kind == SlotKind::Trace { stack_walker(&obj.path) } else { None };
+    let walker = if kind == SlotKind::Trace { stack_walker(&obj.path).or_else(|| crate::mono::runtime_in(obj)) } else { None };
     if let Some(why) = walker {
         crate::warn(&format!(
             "not hooking {} in timing mode: {why}; `fnscope record --mode count` counts its calls",

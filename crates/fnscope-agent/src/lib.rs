@@ -16,6 +16,7 @@ pub mod count;
 pub mod exec;
 pub mod filter;
 pub mod hook;
+pub mod mono;
 pub mod plan_cache;
 pub mod region;
 pub mod stubs;
@@ -166,23 +167,32 @@ extern "C" fn agent_fini() {
 }
 
 /// What the agent keeps after start-up, for libraries loaded later.
-struct Tracer {
+pub(crate) struct Tracer {
     pid: u32,
     sid: u32,
     dir: PathBuf,
     libs: Vec<String>,
     prehooked: Vec<u64>,
-    table: hook::ImageTable,
+    pub(crate) table: hook::ImageTable,
     /// Objects already looked at, by load address, with the address of one function patched
     /// in each (if any): a library unloaded and loaded again at the same address has its
     /// original bytes back there, and is hooked again.
     seen: HashMap<u64, Option<fnscope_x86::Patch>>,
     /// Slots to build: tracing or counting.
-    kind: hook::SlotKind,
-    filters: filter::Filters,
+    pub(crate) kind: hook::SlotKind,
+    pub(crate) filters: filter::Filters,
 }
 
 static TRACER: Mutex<Option<Tracer>> = Mutex::new(None);
+
+/// Runs `f` on the tracer, under its lock, in the session of this process (see
+/// [`Tracer::follow_fork`]); `None` before start-up finished or when tracing is off.
+pub(crate) fn with_tracer<R>(f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
+    let mut g = TRACER.lock().unwrap_or_else(|e| e.into_inner());
+    let t = g.as_mut()?;
+    t.follow_fork();
+    Some(f(t))
+}
 
 impl Tracer {
     /// Hooks the objects not seen yet that the user asked for (the main executable, and
@@ -226,10 +236,11 @@ impl Tracer {
             self.write_table()?;
             if self.kind == hook::SlotKind::Count {
                 if count::capacity() == 0 {
-                    // Room for libraries loaded later, when there may be some: the counters
+                    // Room for libraries loaded later and for Mono's methods, when there may be
+                    // some: the counters
                     // file is sparse and only the pages of counters in use take memory, so
                     // the room can be generous (libjvm alone has 25,000 functions).
-                    let headroom = if self.libs.is_empty() { 0 } else { count::LATE_HEADROOM.max(3 * self.table.ids()) };
+                    let headroom = if self.libs.is_empty() && !mono::present() { 0 } else { count::LATE_HEADROOM.max(3 * self.table.ids()) };
                     count::create(&self.dir, self.sid, self.table.ids() + headroom)?;
                 }
                 count::set_nfuncs(self.table.ids());
@@ -252,6 +263,28 @@ impl Tracer {
             warn(&format!("pid {}: {cached} of {modules} modules analysed in an earlier run (cached)", self.pid));
         }
         Ok((hooked, skipped))
+    }
+
+    /// In a forked child, the parent's table (same session id) must not change under it, so
+    /// the child continues under an id of its own.
+    fn follow_fork(&mut self) {
+        if self.pid != sys::getpid() {
+            self.pid = sys::getpid();
+            if !count_mode() {
+                self.sid = region::renew_sid();
+                thread::restart_stream();
+                if let Err(e) = self.write_table() {
+                    warn(&format!("after fork: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Adds lines to the image table file as they were added to `table`: a table that grows
+    /// function by function (a JIT) is not rewritten whole each time.
+    pub(crate) fn append_table(&self, lines: &str) -> Result<(), String> {
+        let path = self.dir.join("images").join(format!("{}.txt", self.sid));
+        sys::append_file(&path, lines.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     fn write_table(&self) -> Result<(), String> {
@@ -291,6 +324,7 @@ fn setup(settings: Settings) -> Result<(), String> {
     }
     *TRACER.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
     ACTIVE.store(true, Ordering::Release);
+    mono::attach();
     Ok(())
 }
 
@@ -315,19 +349,13 @@ pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_in
     // SAFETY: `real` is the next definition of dlopen, with the same signature.
     let h = unsafe { std::mem::transmute::<usize, DlopenFn>(real)(filename, flags) };
     if !h.is_null() && active() {
+        mono::mappings_changed();
+        mono::attach();
         let mut g = TRACER.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = g.as_mut() {
             if !t.libs.is_empty() || t.filters.app_only() {
                 let objs = hook::loaded_objects();
-                if t.pid != sys::getpid() {
-                    // A forked child: the parent's table (same session id) must not change
-                    // under it, so the child continues under an id of its own.
-                    t.pid = sys::getpid();
-                    if !count_mode() {
-                        t.sid = region::renew_sid();
-                        thread::restart_stream();
-                    }
-                }
+                t.follow_fork();
                 if let Err(e) = t.hook_new_objects(&objs) {
                     warn(&format!("after dlopen: {e}"));
                 }

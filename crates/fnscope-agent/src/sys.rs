@@ -210,10 +210,21 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, Errno> {
 
 /// Writes `data` to `path` (created or truncated) without the C library.
 pub fn write_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
+    write_with(path, O_TRUNC, data)
+}
+
+/// Appends `data` to `path` (created if missing) with one `write` where the kernel allows:
+/// a reader sees whole lines when each call appends whole lines.
+pub fn append_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
+    const O_APPEND: usize = 0o2000;
+    write_with(path, O_APPEND, data)
+}
+
+fn write_with(path: &std::path::Path, mode: usize, data: &[u8]) -> Result<(), Errno> {
     let p = c_path(path);
     // SAFETY: `p` is NUL-terminated and outlives the call.
     let fd = check(unsafe {
-        syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644, 0, 0)
+        syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0o644, 0, 0)
     })?;
     let mut done = 0;
     let result = loop {

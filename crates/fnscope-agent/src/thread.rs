@@ -878,6 +878,16 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
     }
 }
 
+/// A runtime is about to walk this thread's stack by return address (Mono's stack traces and
+/// caller lookups): every hooked frame gets its real return address back, for good. Those
+/// calls then return without passing the exit stub; each is recorded as unwound when the next
+/// hooked entry or exit finds it gone (counts stay exact, their ends are late).
+pub fn disarm() {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
+    unsafe { set_return_addresses(st, false) };
+}
+
 /// Exception `exception` was caught by code whose stack pointer is `caller_rsp`. When no
 /// other exception is in flight, frames below that are gone (recorded as unwound), and the
 /// frames above are live again and get their exit stub back.
@@ -904,6 +914,24 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
         pop_below(st, caller_rsp, now);
         set_return_addresses(st, true);
     }
+}
+
+/// The return-address slot of this thread's newest open call of function `id`, if any: the
+/// frame a managed runtime says caught an exception (see [`crate::mono`]).
+pub fn newest_slot_of(id: u32) -> Option<u64> {
+    let st = current()?;
+    // SAFETY: `st` is this thread's state; entries between base and top are initialised.
+    unsafe {
+        let mut p = (*st).ss_top;
+        while p > (*st).ss_base {
+            p -= 32;
+            let e = p as *const ShadowEntry;
+            if (*e).id == u64::from(id) {
+                return Some((*e).slot);
+            }
+        }
+    }
+    None
 }
 
 /// Records every call still on the shadow stack as ending at `now`, without popping them.

@@ -15,6 +15,8 @@ use crate::thread;
 const KIND_BEGIN: u32 = 1;
 /// Pre-hook kind: an exception is caught.
 const KIND_CAUGHT: u32 = 2;
+/// Pre-hook kind: Mono starts a stack walk (see [`crate::mono`]).
+pub const KIND_MONO_WALK: u32 = 3;
 
 const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
 const CAUGHT: &[&str] = &["__cxa_begin_catch"];
@@ -27,6 +29,7 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
     match kind {
         KIND_BEGIN => thread::unwind_begins(rsp, exception),
         KIND_CAUGHT => thread::unwind_caught(rsp + 8, exception),
+        KIND_MONO_WALK => thread::disarm(),
         _ => {}
     }
 }

@@ -67,6 +67,8 @@ pub enum Sources {
     NoLineTables,
     /// The module file is not at the recorded path any more.
     Missing,
+    /// Code generated at run time (a bracketed module name such as `[mono]`): no file.
+    Generated,
     /// The file at the recorded path is another build than the one that ran.
     Changed,
     /// The module file could not be read.
@@ -86,6 +88,7 @@ impl Sources {
             Sources::Missing => {
                 "source files unknown: the module is no longer at the path it ran from".to_string()
             }
+            Sources::Generated => "no source files: code generated at run time".to_string(),
             Sources::Changed => {
                 "source files unknown: the file at that path is another build (its build-id \
                  differs from the one that ran)"
@@ -100,6 +103,7 @@ impl Sources {
             Sources::Dwarf(_) => "dwarf",
             Sources::NoLineTables => "no-line-tables",
             Sources::Missing => "module-missing",
+            Sources::Generated => "generated",
             Sources::Changed => "module-changed",
             Sources::Unreadable(_) => "unreadable",
         }
@@ -177,6 +181,9 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Opens the module's line tables if the file at `path` is the build that ran.
 fn sources(path: &str, build_id: Option<&str>) -> (Sources, Option<fnscope_symbols::SourceLines>) {
+    if crate::names::is_generated(path) {
+        return (Sources::Generated, None);
+    }
     if !Path::new(path).exists() {
         return (Sources::Missing, None);
     }
@@ -368,7 +375,7 @@ pub fn render_coverage_text(c: &Coverage) -> String {
 }
 
 /// Coverage as JSON: `{"runs": N, "modules": [...]}`, each module with its totals,
-/// `sources` (`dwarf`, `no-line-tables`, `module-missing`, `module-changed`,
+/// `sources` (`dwarf`, `no-line-tables`, `module-missing`, `generated`, `module-changed`,
 /// `unreadable`), `files` and `functions` (`name`, `address`, `size`, `status`, `calls`,
 /// `file`/`line` when known, `reason`/`detail` when unhookable).
 pub fn coverage_json(c: &Coverage) -> serde_json::Value {

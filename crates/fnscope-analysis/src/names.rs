@@ -2,12 +2,20 @@
 //!
 //! Forked children keep their parent's image (same sid), and every exec of the same binary
 //! gets a new sid with the same functions: both must count as one function. A function is
-//! therefore identified by its module path, the module's build-id and its link-time address.
+//! therefore identified by its module path, the module's build-id and its link-time address;
+//! code generated at run time (see [`is_generated`]) by its module and name instead, since a
+//! runtime reuses the addresses of code it freed for other functions.
 
 use fnscope_format::ImageTable;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+
+/// Whether a module path names code generated at run time rather than a file: a bracketed
+/// name such as `[mono]`, whose addresses are run-time addresses.
+pub(crate) fn is_generated(path: &str) -> bool {
+    path.starts_with('[') && path.ends_with(']')
+}
 
 /// One function as reports show it.
 #[derive(Clone, Debug)]
@@ -22,10 +30,13 @@ pub(crate) struct FuncInfo {
     name: Option<String>,
 }
 
+/// Module path, build-id, and the address or (generated code) the raw name.
+type FuncKey = (String, Option<String>, Result<u64, String>);
+
 #[derive(Default)]
 pub(crate) struct Names {
     funcs: Vec<FuncInfo>,
-    by_key: HashMap<(String, Option<String>, u64), u32>,
+    by_key: HashMap<FuncKey, u32>,
     /// Function index by id, one table per image.
     tables: Vec<Vec<u32>>,
     /// Image sid to its table in `tables`.
@@ -62,10 +73,8 @@ impl Names {
                 .file_name()
                 .map_or_else(|| path.clone(), |s| s.to_string_lossy().into_owned());
             let next = self.funcs.len() as u32;
-            let idx = *self
-                .by_key
-                .entry((path, build_id, f.address))
-                .or_insert(next);
+            let at = if is_generated(&path) { Err(f.raw_name.clone()) } else { Ok(f.address) };
+            let idx = *self.by_key.entry((path, build_id, at)).or_insert(next);
             if idx == next {
                 self.funcs.push(FuncInfo {
                     raw_name: f.raw_name.clone(),

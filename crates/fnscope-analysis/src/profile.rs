@@ -157,12 +157,13 @@ fn run_info(path: &Path, trace: &Trace) -> RunInfo {
 
 /// Collects the functions of one recorded trace: images name them, records and counts add
 /// to them. Forks share their parent's image and every exec of a binary lists the same
-/// functions again, so functions are keyed by module path, build-id and address.
+/// functions again, so functions are keyed by module path, build-id and address (by name in a
+/// module of generated code, whose addresses a runtime reuses: see `names::is_generated`).
 #[derive(Default)]
 struct Builder {
     modules: Vec<ModuleSummary>,
     module_index: HashMap<(String, Option<String>), usize>,
-    by_address: Vec<HashMap<u64, usize>>,
+    by_address: Vec<HashMap<Result<u64, String>, usize>>,
     /// Per module and function: the records' sums (ticks) and the counted calls.
     aggs: Vec<Vec<Agg>>,
     counted: Vec<Vec<u64>>,
@@ -189,14 +190,16 @@ impl Builder {
         m
     }
 
-    /// The function at `address` of module `m`, created with `make` if new.
-    fn at(&mut self, m: usize, address: u64, make: impl FnOnce() -> FunctionSummary) -> usize {
-        if let Some(&f) = self.by_address[m].get(&address) {
+    /// The function at `address` (or named `name`, in generated code) of module `m`, created
+    /// with `make` if new.
+    fn at(&mut self, m: usize, address: u64, name: &str, make: impl FnOnce() -> FunctionSummary) -> usize {
+        let key = if crate::names::is_generated(&self.modules[m].path) { Err(name.to_string()) } else { Ok(address) };
+        if let Some(&f) = self.by_address[m].get(&key) {
             return f;
         }
         let f = self.modules[m].functions.len();
         self.modules[m].functions.push(make());
-        self.by_address[m].insert(address, f);
+        self.by_address[m].insert(key, f);
         self.aggs[m].push(Agg::default());
         self.counted[m].push(0);
         f
@@ -210,7 +213,7 @@ impl Builder {
         for f in &t.funcs {
             let (path, bid) = module_of(f.module);
             let m = self.module(path, bid);
-            let i = self.at(m, f.address, || FunctionSummary {
+            let i = self.at(m, f.address, &f.raw_name, || FunctionSummary {
                 address: f.address,
                 size: f.size,
                 name: f.raw_name.clone(),
@@ -227,7 +230,7 @@ impl Builder {
         for k in &t.skipped {
             let (path, bid) = module_of(k.module);
             let m = self.module(path, bid);
-            self.at(m, k.address, || FunctionSummary {
+            self.at(m, k.address, &k.raw_name, || FunctionSummary {
                 address: k.address,
                 size: k.size,
                 name: k.raw_name.clone(),
@@ -247,7 +250,7 @@ impl Builder {
         let m = self.module(UNKNOWN_MODULE, None);
         // Placeholders are keyed by (sid, id), not address: give each its own slot.
         let address = self.modules[m].functions.len() as u64;
-        let i = self.at(m, address, || FunctionSummary {
+        let i = self.at(m, address, "", || FunctionSummary {
             name: format!("<unknown function {id} of image {sid}>"),
             hooked: true,
             ..FunctionSummary::default()

@@ -62,6 +62,11 @@ enum Command {
         /// next to the agent library, per file version, and used automatically).
         #[arg(long)]
         no_cache: bool,
+        /// Mono programs: turn the JIT's inlining off (adds `-O=-inline` to
+        /// `MONO_ENV_OPTIONS`), so that every call of a managed method is a call of its own
+        /// code and counts are exact. Slower: the small methods Mono inlines become calls.
+        #[arg(long)]
+        mono_no_inline: bool,
         #[command(flatten)]
         filters: record::FilterArgs,
         #[command(flatten)]
@@ -395,7 +400,7 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, filters, flight, upload, token, tags, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, mono_no_inline, filters, flight, upload, token, tags, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
@@ -404,7 +409,7 @@ fn run(cli: Cli) -> Result<i32> {
             let plan_cache = !no_cache;
             let trace = output.clone();
             let flight_mode = flight.is_some();
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, filters, flight, command })?;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, flight, command })?;
             if let Some(server) = upload {
                 // A flight recording's calls are in its snapshots.
                 let runs = if flight_mode { flight::snapshot_dirs(&trace) } else { vec![trace] };

@@ -30,12 +30,24 @@ pub struct RecordOptions {
     pub follow_exec: bool,
     /// Use (and fill) the cache of module analyses.
     pub plan_cache: bool,
+    /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
+    pub mono_no_inline: bool,
     /// Record-time filters.
     pub filters: RecordFilters,
     /// The flight recorder's settings, in flight mode.
     pub flight: Option<FlightOptions>,
     /// Program and arguments.
     pub command: Vec<String>,
+}
+
+/// `MONO_ENV_OPTIONS` with Mono's inliner turned off, keeping the options the user set.
+fn mono_no_inline(old: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
+    let mut v = old.map(std::ffi::OsStr::to_os_string).unwrap_or_default();
+    if !v.is_empty() {
+        v.push(" ");
+    }
+    v.push("-O=-inline");
+    v
 }
 
 /// Record-time filters: what is left out before anything is stored.
@@ -508,6 +520,9 @@ impl Drop for Region {
     }
 }
 
+/// See [`Recorder::image_copied`].
+const IMAGE_RECOPY: Duration = Duration::from_millis(250);
+
 /// State of the copying loop.
 struct Recorder {
     region: Region,
@@ -517,6 +532,12 @@ struct Recorder {
     /// Size and modification time of each image table when it was copied: a table grows when
     /// the program loads a library with `dlopen`, and is then copied again.
     image_stamps: HashMap<u32, (u64, std::time::SystemTime)>,
+    /// When each table was last copied. A table that grows function by function (Mono's
+    /// methods as they are compiled) is copied again at most every [`IMAGE_RECOPY`] while the
+    /// program runs, and whole at the end: each copy holds the whole table.
+    image_copied: HashMap<u32, Instant>,
+    /// Copy every changed table now (the program is done).
+    images_final: bool,
     pids: BTreeSet<u32>,
     calls: u64,
     images_checked: bool,
@@ -565,13 +586,22 @@ impl Recorder {
                 Some((sid, e.path(), (m.len(), m.modified().ok()?)))
             })
             .filter(|(sid, _, stamp)| self.image_stamps.get(sid) != Some(stamp))
+            .filter(|(sid, _, _)| self.images_final || self.image_copied.get(sid).is_none_or(|t| t.elapsed() >= IMAGE_RECOPY))
             .collect();
         found.sort_by_key(|f| f.0);
         for (sid, p, stamp) in found {
-            let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            let mut text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            // The agent appends whole lines while this reads: a line cut short is read again
+            // next time, whole.
+            let whole = text.rfind('\n').map_or(0, |i| i + 1);
+            if whole < text.len() {
+                text.truncate(whole);
+            } else {
+                self.image_stamps.insert(sid, stamp);
+            }
             self.writer.write_image(sid, &text)?;
             self.images_written.insert(sid);
-            self.image_stamps.insert(sid, stamp);
+            self.image_copied.insert(sid, Instant::now());
             if let Some(f) = &mut self.flight {
                 f.image(sid, &text);
                 self.image_texts.insert(sid, text);
@@ -938,6 +968,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if let Some(cache) = opts.plan_cache.then(|| crate::agent_lib::plan_cache_dir(&agent)).flatten() {
         cmd.env(fnscope_abi::ENV_CACHE, cache);
     }
+    if opts.mono_no_inline {
+        cmd.env("MONO_ENV_OPTIONS", mono_no_inline(std::env::var_os("MONO_ENV_OPTIONS").as_deref()));
+    }
     if !f.filter.is_empty() {
         cmd.env(fnscope_abi::ENV_FILTER, f.filter.join("\n"));
     }
@@ -971,6 +1004,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         dir: dir.clone(),
         images_written: HashSet::new(),
         image_stamps: HashMap::new(),
+        image_copied: HashMap::new(),
+        images_final: false,
         images_checked: false,
         pids: BTreeSet::new(),
         calls: 0,
@@ -1042,6 +1077,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     }
     rec.drain()?;
     rec.harvest(true)?;
+    rec.images_final = true;
     rec.copy_images()?;
     rec.snapshot_if_due()?;
     if let Some(f) = &mut rec.flight {
@@ -1208,5 +1244,18 @@ pub fn human_bytes(b: u64) -> String {
         b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mono_no_inline;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn mono_no_inline_keeps_the_users_options() {
+        assert_eq!(mono_no_inline(None), "-O=-inline");
+        assert_eq!(mono_no_inline(Some(OsStr::new(""))), "-O=-inline");
+        assert_eq!(mono_no_inline(Some(OsStr::new("--debug"))), "--debug -O=-inline");
     }
 }

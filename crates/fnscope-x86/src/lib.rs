@@ -7,6 +7,7 @@
 //! branches into, can still be hooked through alignment padding that no code reaches, or
 //! through bytes a neighbour's hook leaves dead: see [`HookForm`].
 
+mod generated;
 mod padding;
 mod retaddr;
 
@@ -16,6 +17,7 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
     InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
+pub use generated::analyze_code;
 use padding::{is_near_branch, is_terminator, Module, RefKind};
 
 /// Bytes of the `jmp rel32` written at a hooked function's entry (or in its island).
