@@ -240,7 +240,8 @@ impl Tracer {
                     // some: the counters
                     // file is sparse and only the pages of counters in use take memory, so
                     // the room can be generous (libjvm alone has 25,000 functions).
-                    let headroom = if self.libs.is_empty() && !mono::present() { 0 } else { count::LATE_HEADROOM.max(3 * self.table.ids()) };
+                    let later = !self.libs.is_empty() || self.filters.app_only() || mono::present();
+                    let headroom = if !later { 0 } else { count::LATE_HEADROOM.max(3 * self.table.ids()) };
                     count::create(&self.dir, self.sid, self.table.ids() + headroom)?;
                 }
                 count::set_nfuncs(self.table.ids());

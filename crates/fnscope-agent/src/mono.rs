@@ -256,8 +256,9 @@ extern "C" fn exception_clause(_prof: *mut c_void, method: *mut c_void, _index: 
         return;
     }
     let id = crate::with_tracer(|_| STATE.lock().unwrap_or_else(|e| e.into_inner()).by_method.get(&(method as usize)).map(|m| m.0)).flatten();
-    if let Some(slot) = id.and_then(thread::newest_slot_of) {
-        thread::unwind_caught(slot, exception as u64);
+    match id.and_then(thread::newest_slot_of) {
+        Some(slot) => thread::unwind_caught(slot, exception as u64),
+        None => thread::unwind_caught_unknown(exception as u64),
     }
 }
 

@@ -123,6 +123,19 @@ fnscope_tls:
 
     /* In SAVE_ALL's frame, the stack pointer from before SAVE_ALL is rbp + 208. */
 
+    /* Entry stub, rdx = thread state, rcx = the entry reserved: closes the entries below it
+       whose frames are gone and starts the entry over if there were any. */
+    .macro CLOSE_DEAD_ENTRIES
+    SAVE_ALL
+    mov rdi, rdx
+    lea rsi, [rbp + 208]
+    mov rdx, rcx
+    call fnscope_entry_dead
+    test eax, eax
+    RESTORE_ALL
+    jnz .Lentry_retry
+    .endm
+
     .globl fnscope_entry
     .hidden fnscope_entry
     .type fnscope_entry,@function
@@ -235,8 +248,16 @@ fnscope_exit:
     /* The real return address is back in place and the call was recorded already. */
     jmp .Lexit_leave
 .Lentry_untraced:
-    /* Shadow stack full, or an untraced thread: run the call unrecorded (its return address
-       stays as it is). */
+    /* Shadow stack at its limit (--depth, or full), or an untraced thread (limit 0): run the
+       call unrecorded (its return address stays as it is). At the limit, though, the newest
+       entry may be a frame a longjmp or an exception left, whose level this call takes:
+       that frame is closed first (as at .Lentry_dead), and the call traced. */
+    cmp qword ptr [rdx + 8], 0
+    je .Lentry_untraced_run
+    cmp qword ptr [rcx - 8], rsp
+    ja .Lentry_untraced_run
+    CLOSE_DEAD_ENTRIES
+.Lentry_untraced_run:
     sub qword ptr [rdx], 32
     mov rcx, [rsp - 32]
     mov rdx, [rsp - 24]
@@ -250,14 +271,7 @@ fnscope_exit:
     mov r11, [rsp - 40]
     je .Lentry_store
 .Lentry_dead:
-    SAVE_ALL
-    mov rdi, rdx
-    lea rsi, [rbp + 208]
-    mov rdx, rcx
-    call fnscope_entry_dead
-    test eax, eax
-    RESTORE_ALL
-    jnz .Lentry_retry
+    CLOSE_DEAD_ENTRIES
     jmp .Lentry_store
 .Lentry_init:
     SAVE_ALL

@@ -89,7 +89,6 @@ pub fn munmap(p: *mut u8, len: usize) {
     }
 }
 
-/// Kernel thread id of the caller.
 /// The calling thread's name (`prctl(PR_GET_NAME)`), NUL-padded.
 pub fn thread_name() -> [u8; 16] {
     let mut name = [0u8; 16];
@@ -98,6 +97,7 @@ pub fn thread_name() -> [u8; 16] {
     name
 }
 
+/// Kernel thread id of the caller.
 pub fn gettid() -> u32 {
     // SAFETY: gettid takes no arguments and cannot fail.
     unsafe { syscall6(SYS_GETTID, 0, 0, 0, 0, 0, 0) as u32 }
@@ -266,9 +266,10 @@ pub fn mkdir(path: &std::path::Path) -> Result<(), Errno> {
 pub fn file_stamp(path: &std::path::Path) -> Option<[u64; 5]> {
     const SYS_STAT: usize = 4;
     let p = c_path(path);
-    // SAFETY: `st` is a valid out-parameter of the size the kernel writes for stat(2) on
-    // x86-64 (`struct stat`, which is what libc's type is), and `p` is NUL-terminated.
+    // SAFETY: `struct stat` is plain integers: all zeroes is a valid value.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `st` is a valid out-parameter of the layout the kernel writes for stat(2) on
+    // x86-64 (libc's `struct stat` is that layout), and `p` is NUL-terminated.
     let r = unsafe { syscall6(SYS_STAT, p.as_ptr() as usize, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) };
     (r == 0).then_some([st.st_dev, st.st_ino, st.st_size as u64, st.st_mtime as u64, st.st_mtime_nsec as u64])
 }

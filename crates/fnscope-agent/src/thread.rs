@@ -896,9 +896,36 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
     // SAFETY: `st` is this thread's state; live entries' slots hold their real return address
     // (restored by `unwind_begins`), and we only swap it back when it still does.
     unsafe {
+        if !settle(st, exception) {
+            return;
+        }
+        let now = stubs::tsc();
+        pop_below(st, caller_rsp, now);
+        set_return_addresses(st, true);
+    }
+}
+
+/// `exception` was caught where no open call of this thread is known (a method that is not
+/// hooked): it is no longer in flight, but which frames are gone is not known, so the live
+/// ones stay without their exit hooks (their ends are recorded late, as unwound) until an
+/// exception is caught in a hooked frame again. Re-arming here could write the exit stub
+/// into stack memory a gone frame left and the handler now uses.
+pub fn unwind_caught_unknown(exception: u64) {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state.
+    unsafe { settle(st, exception) };
+}
+
+/// Takes `exception` off this thread's in-flight list; true when none is left in flight.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn settle(st: *mut ThreadState, exception: u64) -> bool {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
         let n = (*st).unwinding as usize;
         if n == 0 {
-            return;
+            return false;
         }
         let tracked = n.min(MAX_INFLIGHT);
         if let Some(k) = (&(*st).inflight)[..tracked].iter().position(|&e| e == exception) {
@@ -907,12 +934,7 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
         } else if n > MAX_INFLIGHT {
             (*st).unwinding -= 1;
         }
-        if (*st).unwinding != 0 {
-            return;
-        }
-        let now = stubs::tsc();
-        pop_below(st, caller_rsp, now);
-        set_return_addresses(st, true);
+        (*st).unwinding == 0
     }
 }
 
@@ -971,11 +993,16 @@ pub fn exec_begins() -> Option<(u64, usize)> {
         // `--min-duration`: outer calls started earlier, so the calls long enough are the
         // outermost ones.
         let min = stubs::MIN_TICKS.load(Ordering::Relaxed);
-        let open = (0..((*st).ss_top - base) / 32)
-            .take_while(|&d| now.wrapping_sub((*((base + d * 32) as *const ShadowEntry)).t_entry) >= min)
-            .count();
-        if open == 0 {
+        let all = ((*st).ss_top - base) / 32;
+        if all == 0 {
             return None;
+        }
+        let open = (0..all).take_while(|&d| now.wrapping_sub((*((base + d * 32) as *const ShadowEntry)).t_entry) >= min).count();
+        if open == 0 {
+            // Every open call is shorter than the threshold: none is recorded, and none may be
+            // closed later by the recorder (as cut off, when they would look long).
+            mark_closed(st, true);
+            return Some(((*st).buf_ptr, 0));
         }
         let mask = sys::block_signals();
         write_volatile(addr_of_mut!((*st).in_slow), 1);

@@ -31,7 +31,7 @@ pub use coverage_html::write_coverage_html;
 pub use diff::{diff, diff_json, render_diff_text, sort_diff, Diff, FuncDiff};
 pub use info::{civil_from_days, info, render_info_text, ImageInfo, Info};
 pub use pdb::{pdb_functions, PdbFunction};
-pub use profile::{add_function, combine, load_all, settle_calls_min, Profile, MODE_MERGED};
+pub use profile::{add_function, combine, function_key_texts, load_all, settle_calls_min, Profile, MODE_MERGED};
 pub use replay::{replay_lines, replay_tree};
 pub use spill::{get as get_varint, put as put_varint};
 pub use report::{

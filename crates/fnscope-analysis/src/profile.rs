@@ -322,6 +322,19 @@ fn function_keys(m: &ModuleSummary) -> Vec<NameKey> {
     keys
 }
 
+/// Each function's key across runs of its module as text (`n:RANK:NAME`, or `a:HEX` for an
+/// unnamed piece), for stores that match functions of several uploads the way [`combine`]
+/// does: by name and rank, not by address (generated code, such as Mono's, reuses addresses).
+pub fn function_key_texts(m: &ModuleSummary) -> Vec<String> {
+    function_keys(m)
+        .into_iter()
+        .map(|k| match k {
+            NameKey::Name(name, rank) => format!("n:{rank}:{name}"),
+            NameKey::Address(a) => format!("a:{a:x}"),
+        })
+        .collect()
+}
+
 /// Every function of a profile by its key across runs: `(module key, name key)` to
 /// `(module, function)` indexes.
 pub(crate) fn keyed(p: &Profile, by_name: bool) -> HashMap<(String, NameKey), (usize, usize)> {

@@ -41,19 +41,22 @@ pub struct Common {
     split_size: Option<String>,
 }
 
-/// A size with an optional K, M or G suffix (powers of 1024), for the option named `option`.
-pub fn parse_size(s: &str, option: &str) -> Result<u64> {
+/// A size with an optional K, M or G suffix (powers of 1024), more than 0; `None` if `s` is
+/// not one.
+pub fn size_value(s: &str) -> Option<u64> {
     let t = s.trim();
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
         _ => (t, 1),
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("{option} {s:?}: write a size such as 200M, 1G or 500000"))?;
-    Ok(n.saturating_mul(mult))
+    num.trim().parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).filter(|&n| n > 0)
+}
+
+/// A size with an optional K, M or G suffix, for the option named `option`.
+pub fn parse_size(s: &str, option: &str) -> Result<u64> {
+    size_value(s).ok_or_else(|| anyhow::anyhow!("{option} {s:?}: write a size such as 200M, 1G or 500000"))
 }
 
 /// Runs one export with the common options, a progress bar on stderr (when it is a

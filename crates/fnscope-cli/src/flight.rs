@@ -26,8 +26,9 @@ pub struct FlightArgs {
     flight: Option<String>,
     /// When to write a snapshot (repeatable): `FUNC>DURATION` (a call of a function whose
     /// name matches the glob FUNC took at least DURATION, e.g. 'frame>16ms'; checked when it
-    /// returns), `signal:NAME` (the program gets signal NAME, e.g. signal:USR2), `crash` (a
-    /// traced process dies of SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, SIGTRAP or SIGSYS),
+    /// returns), `signal:NAME` (the program gets signal NAME, e.g. signal:USR2), `crash` (the
+    /// program, or a process orphaned to fnscope, dies of SIGSEGV, SIGBUS, SIGABRT, SIGILL,
+    /// SIGFPE, SIGTRAP or SIGSYS),
     /// `exit` (the program ends). Default: crash and exit. `fnscope snapshot PID` asks for one
     /// at any time.
     #[arg(long, value_name = "TRIGGER", requires = "flight")]

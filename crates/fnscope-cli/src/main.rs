@@ -411,8 +411,9 @@ fn run(cli: Cli) -> Result<i32> {
             let flight_mode = flight.is_some();
             let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, flight, command })?;
             if let Some(server) = upload {
-                // A flight recording's calls are in its snapshots.
-                let runs = if flight_mode { flight::snapshot_dirs(&trace) } else { vec![trace] };
+                // A flight recording's calls are in its snapshots, which overlap and share
+                // the run's identity: the last one goes (the crash or the exit, when taken).
+                let runs = if flight_mode { flight::snapshot_dirs(&trace).pop().into_iter().collect() } else { vec![trace] };
                 if runs.is_empty() {
                     eprintln!("fnscope: no snapshot was taken: nothing to upload");
                 } else {

@@ -758,7 +758,12 @@ impl Recorder {
     /// name is complete).
     fn snapshot(&mut self, why: &str) -> Result<()> {
         self.drain()?;
-        self.copy_images()?;
+        // Every name the records may need, whatever the throttle on growing tables.
+        let throttled = !self.images_final;
+        self.images_final = true;
+        let copied = self.copy_images();
+        self.images_final = !throttled;
+        copied?;
         let n = self.flight.as_ref().map_or(0, |f| f.written) + 1;
         let dir = crate::flight::snapshot_dir(&self.dir, n);
         let tmp = self.dir.join(format!(".snapshot-{n}.tmp"));
@@ -766,9 +771,25 @@ impl Recorder {
         std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         // The threads' current chunks first, then their open calls: a call that returns in
         // between is then in neither, never in both.
+        // Chunks handed over since the drain above are read here too (they reach the rings
+        // after this snapshot).
         let mut live: BTreeMap<(u32, u32), Vec<Segment>> = BTreeMap::new();
-        for (sid, pid, tid, seq, i) in self.region.owned_chunks() {
-            let recs = self.region.live_records(i, 0);
+        let mut chunks = Vec::new();
+        for i in 0..self.region.nchunks {
+            let state = self.region.state(i).load(Ordering::Acquire);
+            if state == CHUNK_OWNED || state == CHUNK_FULL {
+                // SAFETY: the header of a chunk a thread owns or has handed over; its owner
+                // wrote these fields before taking it, and `nrec` before handing it over.
+                let c = unsafe { &*self.region.chunk(i) };
+                chunks.push((c.image_sid, c.pid, c.tid, c.seq, i, (state == CHUNK_FULL).then_some(c.nrec)));
+            }
+        }
+        chunks.sort_unstable();
+        for (sid, pid, tid, seq, i, nrec) in chunks {
+            let recs = match nrec {
+                Some(n) => self.region.records(i, n as usize).to_vec(),
+                None => self.region.live_records(i, 0),
+            };
             live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags: 0, recs });
         }
         let now = tsc();

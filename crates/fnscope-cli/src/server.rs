@@ -17,21 +17,9 @@ pub struct UploadOptions {
     pub tags: Vec<String>,
 }
 
-/// A size with an optional K, M or G suffix (powers of 1024).
+/// A size with an optional K, M or G suffix (powers of 1024), for clap.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{s:?} is not a size: give bytes, or a number with K, M or G"))
+    crate::export::size_value(s).ok_or_else(|| format!("{s:?} is not a size: give bytes, or a number with K, M or G"))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

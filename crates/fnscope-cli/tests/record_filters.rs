@@ -146,6 +146,33 @@ fn depth_keeps_the_outermost_levels() {
     assert_eq!(calls(&t).0, own_counts(&run.stderr));
 }
 
+/// `--depth` with frames left by longjmp at the depth limit: the next call at a shallower
+/// level closes them and is recorded (tests/programs/jumps.c jumps out of 3 and more levels,
+/// out of a signal handler, and back into a running function).
+#[test]
+fn depth_limit_recovers_from_longjmp() {
+    let dir = TempDir::new("depth-jumps");
+    let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
+    let exe = dir.join("jumps");
+    let status = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(programs.join("jumps.c"))
+        .arg("-I")
+        .arg(&programs)
+        .status()
+        .expect("cannot run gcc");
+    assert!(status.success());
+    let (run, t) = recorded(&exe, &dir, "d3", &["--depth", "3"], &[]);
+    let own = own_counts(&run.stderr);
+    let got = calls(&t).0;
+    // Levels 0 to 2: main, then what main calls, then what those call.
+    for f in ["main", "jmp_a", "jmp_b", "after_jump", "guarded", "sig_chain_1", "sig_chain_2"] {
+        assert_eq!(got.get(f), own.get(f), "calls of {f} under --depth 3: {got:?}");
+    }
+    assert!(!got.contains_key("jmp_c") && !got.contains_key("on_sigusr1"), "level 3 recorded: {got:?}");
+}
+
 /// Snapshot folders of a flight recording, by number.
 fn snapshots(trace: &Path) -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir(trace)

@@ -58,9 +58,13 @@ CREATE TABLE functions (
     name TEXT NOT NULL,
     hooked BIGINT NOT NULL,
     reason TEXT NOT NULL,
+    -- How uploads find the function: fnscope_analysis::function_key_texts (name and rank,
+    -- or the address of an unnamed piece), as report -i matches runs.
+    fkey TEXT NOT NULL,
     PRIMARY KEY (module_id, idx)
 );
 CREATE INDEX functions_name ON functions(name);
+CREATE UNIQUE INDEX functions_fkey ON functions(module_id, fkey);
 -- Per upload and module: the called functions' figures by idx (see store::encode_counts).
 CREATE TABLE run_modules (
     upload_id BIGINT NOT NULL REFERENCES uploads(id),

@@ -191,8 +191,8 @@ pub struct FunctionRow {
 
 /// Bytes of one function's running totals: the index (u32), runs with it (u64), eight u64.
 const TOTAL_ENTRY: usize = 4 + 9 * 8;
-/// Rows per multi-row INSERT of function tables (7 values each; both databases accept
-/// far more than 3,500 parameters in one statement).
+/// Rows per multi-row INSERT of function tables (8 values each; both databases accept
+/// far more than 4,000 parameters in one statement).
 const INSERT_BATCH: usize = 500;
 
 /// File name of a path.
@@ -670,35 +670,34 @@ impl Store {
             let mut nfuncs: i64 = row.try_get("nfuncs")?;
             let mut totals = Totals::decode(&row.try_get::<Vec<u8>, _>("totals")?, module)?;
 
-            let mut table: HashMap<u64, (i64, bool)> = HashMap::new();
-            for r in sqlx::query("SELECT idx, address, hooked FROM functions WHERE module_id = $1")
+            // Functions are found by name and rank, as `report -i` matches runs: generated
+            // code (Mono's) reuses addresses for other methods.
+            let mut table: HashMap<String, (i64, bool)> = HashMap::new();
+            for r in sqlx::query("SELECT idx, fkey, hooked FROM functions WHERE module_id = $1")
                 .bind(module)
                 .fetch_all(&mut *tx)
                 .await?
             {
-                let address: i64 = r.try_get("address")?;
-                table.insert(
-                    address as u64,
-                    (r.try_get("idx")?, r.try_get::<i64, _>("hooked")? != 0),
-                );
+                table.insert(r.try_get("fkey")?, (r.try_get("idx")?, r.try_get::<i64, _>("hooked")? != 0));
             }
-            let mut new_funcs: Vec<(i64, &FunctionSummary)> = Vec::new();
+            let mut new_funcs: Vec<(i64, &FunctionSummary, String)> = Vec::new();
             let mut now_hooked = Vec::new();
             let mut counts: BTreeMap<u32, FunctionSummary> = BTreeMap::new();
-            for f in parts.iter().flat_map(|m| &m.functions) {
-                let idx = match table.get(&f.address) {
+            let keyed = parts.iter().flat_map(|m| m.functions.iter().zip(fnscope_analysis::function_key_texts(m)));
+            for (f, fkey) in keyed {
+                let idx = match table.get(&fkey) {
                     Some(&(idx, was_hooked)) => {
                         if f.hooked && !was_hooked {
                             now_hooked.push(idx);
-                            table.insert(f.address, (idx, true));
+                            table.insert(fkey, (idx, true));
                         }
                         idx
                     }
                     None => {
                         let idx = nfuncs;
                         nfuncs += 1;
-                        table.insert(f.address, (idx, f.hooked));
-                        new_funcs.push((idx, f));
+                        table.insert(fkey.clone(), (idx, f.hooked));
+                        new_funcs.push((idx, f, fkey));
                         idx
                     }
                 };
@@ -709,24 +708,14 @@ impl Store {
             }
             for batch in new_funcs.chunks(INSERT_BATCH) {
                 let mut sql = String::from(
-                    "INSERT INTO functions (module_id, idx, address, size, name, hooked, reason) VALUES ",
+                    "INSERT INTO functions (module_id, idx, address, size, name, hooked, reason, fkey) VALUES ",
                 );
                 for i in 0..batch.len() {
-                    let p = i * 7;
-                    sql.push_str(&format!(
-                        "{}(${}, ${}, ${}, ${}, ${}, ${}, ${})",
-                        if i > 0 { ", " } else { "" },
-                        p + 1,
-                        p + 2,
-                        p + 3,
-                        p + 4,
-                        p + 5,
-                        p + 6,
-                        p + 7
-                    ));
+                    let placeholders: Vec<String> = (1..=8).map(|k| format!("${}", i * 8 + k)).collect();
+                    sql.push_str(&format!("{}({})", if i > 0 { ", " } else { "" }, placeholders.join(", ")));
                 }
                 let mut q = sqlx::query(audited(sql));
-                for (idx, f) in batch {
+                for (idx, f, fkey) in batch {
                     q = q
                         .bind(module)
                         .bind(*idx)
@@ -734,7 +723,8 @@ impl Store {
                         .bind(f.size as i64)
                         .bind(f.name.clone())
                         .bind(i64::from(f.hooked))
-                        .bind(f.reason.clone());
+                        .bind(f.reason.clone())
+                        .bind(fkey.clone());
                 }
                 q.execute(&mut *tx).await?;
             }
