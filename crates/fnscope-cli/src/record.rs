@@ -962,7 +962,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let f = &opts.filters;
     // Durations are compared in time-stamp-counter ticks, in the stubs and by the triggers.
     let watches = opts.flight.as_ref().is_some_and(|o| o.has(|t| matches!(t, Trigger::Slow { .. })));
-    let ticks_per_ns = if f.min_duration_ns > 0 || watches { tsc_rate(20) } else { 1.0 };
+    let ticks_per_ns = if f.min_duration_ns > 0 || watches { tsc_rate(5) } else { 1.0 };
     let mut preload = agent.display().to_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD") {
         preload = format!("{preload}:{}", old.to_string_lossy());
