@@ -296,6 +296,7 @@ fn encode_counts(funcs: &BTreeMap<u32, FunctionSummary>) -> Vec<u8> {
 fn decode_counts(
     b: &[u8],
     module: i64,
+    nfuncs: i64,
     mut each: impl FnMut(u32, &FunctionSummary),
 ) -> Result<(), StoreError> {
     let damaged = || StoreError::Damaged(module);
@@ -308,7 +309,8 @@ fn decode_counts(
         idx += get_varint(b, &mut at).ok_or_else(damaged)?;
         let flags = *b.get(at).ok_or_else(damaged)?;
         at += 1;
-        if flags & !(ONE_RUN | TIMED) != 0 || idx > u64::from(u32::MAX) {
+        // An index past the module's table is damage (and must not size a vector).
+        if flags & !(ONE_RUN | TIMED) != 0 || idx >= nfuncs.max(0) as u64 || idx > u64::from(u32::MAX) {
             return Err(damaged());
         }
         let mut next = || get_varint(b, &mut at).ok_or_else(damaged);
@@ -336,7 +338,7 @@ struct Totals {
 }
 
 impl Totals {
-    fn decode(b: &[u8], module: i64) -> Result<Totals, StoreError> {
+    fn decode(b: &[u8], module: i64, nfuncs: i64) -> Result<Totals, StoreError> {
         if !b.len().is_multiple_of(TOTAL_ENTRY) {
             return Err(StoreError::Damaged(module));
         }
@@ -344,6 +346,9 @@ impl Totals {
         let mut v = [0u64; 9];
         for e in b.chunks_exact(TOTAL_ENTRY) {
             let i = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
+            if i as i64 >= nfuncs {
+                return Err(StoreError::Damaged(module));
+            }
             read_u64s(&e[4..], &mut v);
             t.grow(i + 1);
             t.runs_with[i] = v[0];
@@ -668,7 +673,7 @@ impl Store {
             .await?;
             let module: i64 = row.try_get("id")?;
             let mut nfuncs: i64 = row.try_get("nfuncs")?;
-            let mut totals = Totals::decode(&row.try_get::<Vec<u8>, _>("totals")?, module)?;
+            let mut totals = Totals::decode(&row.try_get::<Vec<u8>, _>("totals")?, module, nfuncs)?;
 
             // Functions are found by name and rank, as `report -i` matches runs: generated
             // code (Mono's) reuses addresses for other methods.
@@ -866,9 +871,10 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
             let all_runs: i64 = m.try_get("runs")?;
+            let nfuncs: i64 = m.try_get("nfuncs")?;
             // Every run that loaded the module is selected: its running totals are the answer.
             let totals = if selected as i64 == all_runs {
-                Totals::decode(&m.try_get::<Vec<u8>, _>("totals")?, module)?
+                Totals::decode(&m.try_get::<Vec<u8>, _>("totals")?, module, nfuncs)?
             } else {
                 let mut t = Totals::default();
                 for r in sqlx::query(audited(format!(
@@ -879,11 +885,10 @@ impl Store {
                 .await?
                 {
                     let n = runs_of.get(&r.try_get::<i64, _>("upload_id")?).copied().unwrap_or(0) as u64;
-                    decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, module, |i, f| t.add(i as usize, f, n))?;
+                    decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, module, nfuncs, |i, f| t.add(i as usize, f, n))?;
                 }
                 t
             };
-            let nfuncs: i64 = m.try_get("nfuncs")?;
             let chosen: Vec<usize> = match want {
                 Want::All => (0..nfuncs as usize).collect(),
                 Want::Top(n, key) => top(&totals, n, key),
@@ -995,7 +1000,7 @@ impl Store {
         .await?
         {
             let mut found = None;
-            decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, f.module, |i, s| {
+            decode_counts(&r.try_get::<Vec<u8>, _>("counts")?, f.module, i64::from(u32::MAX), |i, s| {
                 if i64::from(i) == f.idx {
                     found = Some(s.clone());
                 }
@@ -1091,7 +1096,7 @@ mod tests {
         ]);
         let b = encode_counts(&funcs);
         let mut back = Vec::new();
-        decode_counts(&b, 1, |i, f| back.push((i, f.clone()))).unwrap();
+        decode_counts(&b, 1, 1 << 20, |i, f| back.push((i, f.clone()))).unwrap();
         let funcs: Vec<_> = funcs
             .into_iter()
             .map(|(i, f)| (i, FunctionSummary { hooked: true, ..f }))
@@ -1103,18 +1108,18 @@ mod tests {
             "index 0, one run, 300 calls"
         );
         assert!(matches!(
-            decode_counts(&b[..b.len() - 1], 7, |_, _| ()),
+            decode_counts(&b[..b.len() - 1], 7, 1 << 20, |_, _| ()),
             Err(StoreError::Damaged(7))
         ));
         assert!(
             matches!(
-                decode_counts(&[1, 4, 1], 7, |_, _| ()),
+                decode_counts(&[1, 4, 1], 7, 1 << 20, |_, _| ()),
                 Err(StoreError::Damaged(7))
             ),
             "unknown flag"
         );
         let mut none = 0;
-        decode_counts(&[], 7, |_, _| none += 1).unwrap();
+        decode_counts(&[], 7, 1 << 20, |_, _| none += 1).unwrap();
         assert_eq!(none, 0);
     }
 
@@ -1124,7 +1129,7 @@ mod tests {
         t.add(2, &f(7000, 70), 1);
         t.add(2, &f(7300, 30), 1);
         t.add(5, &f(4, 4), 2);
-        let t = Totals::decode(&t.encode(), 1).unwrap();
+        let t = Totals::decode(&t.encode(), 1, 1 << 20).unwrap();
         assert_eq!(t.runs_with, [0, 0, 2, 0, 0, 2]);
         let g = &t.funcs[2];
         assert_eq!((g.calls, g.calls_min, g.calls_max), (14_300, 7000, 7300));
@@ -1132,7 +1137,10 @@ mod tests {
         let mut h = t.funcs[5].clone();
         settle_calls_min(&mut h, t.runs_with[5], 3);
         assert_eq!(h.calls_min, 0, "one run of three did not call it");
-        assert!(Totals::decode(&[0; TOTAL_ENTRY + 1], 4).is_err());
+        assert!(Totals::decode(&[0; TOTAL_ENTRY + 1], 4, 1 << 20).is_err());
+        // An index past the table is damage, not a reason to allocate.
+        let far = [&u32::MAX.to_le_bytes()[..], &[0u8; TOTAL_ENTRY - 4]].concat();
+        assert!(Totals::decode(&far, 4, 100).is_err());
     }
 
     #[test]
