@@ -402,7 +402,8 @@ pub fn add_function(o: &mut FunctionSummary, f: &FunctionSummary, first: bool) {
         o.reason = f.reason.clone();
         o.detail = f.detail.clone();
     }
-    o.calls += f.calls;
+    // Saturating: figures come from files and uploads, which may be crafted.
+    o.calls = o.calls.saturating_add(f.calls);
     o.calls_min = if first {
         f.calls_min
     } else {
@@ -416,7 +417,7 @@ pub fn add_function(o: &mut FunctionSummary, f: &FunctionSummary, first: bool) {
             o.min_ns.min(f.min_ns)
         };
         o.max_ns = o.max_ns.max(f.max_ns);
-        o.timed_calls += f.timed_calls;
+        o.timed_calls = o.timed_calls.saturating_add(f.timed_calls);
         o.total_ns = o.total_ns.saturating_add(f.total_ns);
         o.self_ns = o.self_ns.saturating_add(f.self_ns);
     }

@@ -386,7 +386,7 @@ impl Totals {
     fn add(&mut self, i: usize, f: &FunctionSummary, runs: u64) {
         self.grow(i + 1);
         add_function(&mut self.funcs[i], f, self.runs_with[i] == 0);
-        self.runs_with[i] += runs;
+        self.runs_with[i] = self.runs_with[i].saturating_add(runs);
     }
 }
 
@@ -566,7 +566,7 @@ impl Store {
             .find(|m| !program.is_empty() && basename(&m.path) == program)
             .map_or_else(String::new, |m| module_key(&m.path, m.build_id.as_deref()));
         let all = || u.modules.iter().flat_map(|m| &m.functions);
-        let calls: u64 = all().map(|f| f.calls).sum();
+        let calls: u64 = all().fold(0u64, |s, f| s.saturating_add(f.calls));
         let hooked = all().filter(|f| f.hooked).count();
         let skipped = all().filter(|f| !f.hooked).count();
         let mode = if u.runs.len() > 1 {
