@@ -483,18 +483,22 @@ impl Region {
         out
     }
 
-    /// Owned chunks, with their image session, process, thread and sequence number.
-    fn owned_chunks(&self) -> Vec<(u32, u32, u32, u64, u32)> {
+    /// The chunks in one of `states` (`CHUNK_OWNED`, `CHUNK_FULL`), in stream order: by image
+    /// session, process, thread and sequence number.
+    fn chunks_in(&self, states: &[u32]) -> Vec<ChunkRef> {
         let mut v = Vec::new();
-        for i in 0..self.nchunks {
-            if self.state(i).load(Ordering::Acquire) == CHUNK_OWNED {
-                // SAFETY: reading the header of an owned chunk; its owner wrote these fields
-                // before taking it.
-                let c = unsafe { &*self.chunk(i) };
-                v.push((c.image_sid, c.pid, c.tid, c.seq, i));
+        for index in 0..self.nchunks {
+            let state = self.state(index).load(Ordering::Acquire);
+            if states.contains(&state) {
+                // SAFETY: the header of a chunk a thread owns or has handed over; its owner
+                // wrote these fields before taking it, and `nrec` before handing it over (the
+                // acquire load above orders the reads after that).
+                let c = unsafe { &*self.chunk(index) };
+                let nrec = (state == CHUNK_FULL).then_some(c.nrec);
+                v.push(ChunkRef { sid: c.image_sid, pid: c.pid, tid: c.tid, seq: c.seq, index, nrec });
             }
         }
-        v.sort_unstable();
+        v.sort_unstable_by_key(|c| (c.sid, c.pid, c.tid, c.seq, c.index));
         v
     }
 
@@ -512,6 +516,17 @@ impl Region {
         // SAFETY: aligned u32 in the header, read by `fnscope snapshot`.
         unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).snapshots_answered)) }
     }
+}
+
+/// A chunk of the region as [`Region::chunks_in`] finds it.
+struct ChunkRef {
+    sid: u32,
+    pid: u32,
+    tid: u32,
+    seq: u64,
+    index: u32,
+    /// Records in a FULL chunk; `None` for one a thread still owns.
+    nrec: Option<u32>,
 }
 
 impl Drop for Region {
@@ -683,20 +698,9 @@ impl Recorder {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
         self.images_checked = false;
-        let mut full = Vec::new();
-        for i in 0..self.region.nchunks {
-            if self.region.state(i).load(Ordering::Acquire) == CHUNK_FULL {
-                // SAFETY: FULL: the writer published the header before the release store.
-                let (sid, pid, tid, seq, nrec) = unsafe {
-                    let c = &*self.region.chunk(i);
-                    (c.image_sid, c.pid, c.tid, c.seq, c.nrec)
-                };
-                full.push((sid, pid, tid, seq, i, nrec));
-            }
-        }
-        full.sort_unstable();
-        for &(_, _, _, _, i, nrec) in &full {
-            self.take(i, nrec as usize, 0)?;
+        let full = self.region.chunks_in(&[CHUNK_FULL]);
+        for c in &full {
+            self.take(c.index, c.nrec.unwrap_or(0) as usize, 0)?;
         }
         Ok(full.len())
     }
@@ -704,8 +708,8 @@ impl Recorder {
     /// Copies chunks still owned by writers that are gone (all of them when `all`), in
     /// stream order: a thread holds up to two chunks.
     fn harvest(&mut self, all: bool) -> Result<()> {
-        let gone = self.region.owned_chunks().into_iter().filter(|&(_, pid, ..)| all || !process_alive(pid));
-        for (_, _, _, _, i) in gone.collect::<Vec<_>>() {
+        let gone = self.region.chunks_in(&[CHUNK_OWNED]).into_iter().filter(|c| all || !process_alive(c.pid));
+        for i in gone.map(|c| c.index).collect::<Vec<_>>() {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
             self.take(i, n, CHUNK_FLAG_ABANDONED)?;
@@ -719,7 +723,7 @@ impl Recorder {
         if !self.flight.as_ref().is_some_and(Flight::watches_calls) {
             return Ok(());
         }
-        for (sid, _, _, seq, i) in self.region.owned_chunks() {
+        for ChunkRef { sid, seq, index: i, .. } in self.region.chunks_in(&[CHUNK_OWNED]) {
             if !self.images_written.contains(&sid) {
                 // The triggers know the functions by name: the table first.
                 self.copy_images()?;
@@ -774,21 +778,10 @@ impl Recorder {
         // Chunks handed over since the drain above are read here too (they reach the rings
         // after this snapshot).
         let mut live: BTreeMap<(u32, u32), Vec<Segment>> = BTreeMap::new();
-        let mut chunks = Vec::new();
-        for i in 0..self.region.nchunks {
-            let state = self.region.state(i).load(Ordering::Acquire);
-            if state == CHUNK_OWNED || state == CHUNK_FULL {
-                // SAFETY: the header of a chunk a thread owns or has handed over; its owner
-                // wrote these fields before taking it, and `nrec` before handing it over.
-                let c = unsafe { &*self.region.chunk(i) };
-                chunks.push((c.image_sid, c.pid, c.tid, c.seq, i, (state == CHUNK_FULL).then_some(c.nrec)));
-            }
-        }
-        chunks.sort_unstable();
-        for (sid, pid, tid, seq, i, nrec) in chunks {
+        for ChunkRef { sid, pid, tid, seq, index, nrec } in self.region.chunks_in(&[CHUNK_OWNED, CHUNK_FULL]) {
             let recs = match nrec {
-                Some(n) => self.region.records(i, n as usize).to_vec(),
-                None => self.region.live_records(i, 0),
+                Some(n) => self.region.records(index, n as usize).to_vec(),
+                None => self.region.live_records(index, 0),
             };
             live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags: 0, recs });
         }
