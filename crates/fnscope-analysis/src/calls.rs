@@ -63,6 +63,9 @@ pub struct CallInfo {
     pub ending: Ending,
     /// Whether the trace holds calls made inside it.
     pub has_callees: bool,
+    /// Its recorded arguments, return value and injections, if any: a handle for
+    /// [`WalkContext::values`] (0: none).
+    pub data: u64,
 }
 
 impl CallInfo {
@@ -247,6 +250,7 @@ impl<'a> Nested<'a> {
             exit_tsc: c.t_exit,
             ending: ending(c.flags()),
             has_callees: c.has_callees(),
+            data: c.data,
         }
     }
 
@@ -333,6 +337,7 @@ pub(crate) fn walk_calls_within(
                     exit_tsc: r.t_exit,
                     ending: ending(r.flags()),
                     has_callees: *last > depth,
+                    data: 0,
                 };
                 *last = depth;
                 if let Err(e) = visit(&mut cx, CallEvent::Exit(c)) {
@@ -346,7 +351,7 @@ pub(crate) fn walk_calls_within(
         for r in &seg.records {
             let func = cx.names.0.index(seg.image_sid, r.id());
             let t = &mut threads.order[i].1;
-            let done = t.push(r, func, seg.image_sid);
+            let done = t.push(r, func, seg.image_sid, 0);
             threads.held += 1;
             let step = if done && order == Order::Completed {
                 threads.held -= t.in_memory();

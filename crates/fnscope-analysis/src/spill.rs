@@ -41,6 +41,9 @@ pub(crate) struct Call {
     /// Image session id and function id of the record.
     pub image: u32,
     pub id: u32,
+    /// Where the call's argument and return-value words are kept
+    /// ([`crate::calldata::CallData`]), 0 when it has none.
+    pub data: u64,
 }
 
 impl Call {
@@ -81,7 +84,7 @@ struct Placer {
 }
 
 impl Placer {
-    fn place(&mut self, rec: &Record, func: u32, image: u32) -> Call {
+    fn place(&mut self, rec: &Record, func: u32, image: u32, data: u64) -> Call {
         let own = self.next;
         self.next += 1;
         let d = rec.depth();
@@ -108,6 +111,7 @@ impl Placer {
             depth_flags: (rec.id_depth >> 32) as u32,
             image,
             id: rec.id(),
+            data,
         }
     }
 }
@@ -225,6 +229,7 @@ const ZERO: Call = Call {
     depth_flags: 0,
     image: 0,
     id: 0,
+    data: 0,
 };
 
 impl<'a> RunWriter<'a> {
@@ -251,6 +256,7 @@ impl<'a> RunWriter<'a> {
         put(b, u64::from(c.depth_flags));
         put(b, u64::from(c.image));
         put(b, u64::from(c.id));
+        put(b, c.data);
         self.prev = *c;
         self.count += 1;
         if self.count as usize == BLOCK_CALLS {
@@ -349,6 +355,7 @@ impl<'a> RunReader<'a> {
             let depth_flags = field()? as u32;
             let image = field()? as u32;
             let id = field()? as u32;
+            let data = field()?;
             prev = Call {
                 first,
                 own,
@@ -358,6 +365,7 @@ impl<'a> RunReader<'a> {
                 depth_flags,
                 image,
                 id,
+                data,
             };
             self.calls.push(prev);
         }
@@ -490,8 +498,8 @@ pub(crate) struct ThreadCalls {
 
 impl ThreadCalls {
     /// Adds the thread's next record; true when it completed a tree (a depth-0 call).
-    pub fn push(&mut self, rec: &Record, func: u32, image: u32) -> bool {
-        self.memory.push(self.placer.place(rec, func, image));
+    pub fn push(&mut self, rec: &Record, func: u32, image: u32, data: u64) -> bool {
+        self.memory.push(self.placer.place(rec, func, image, data));
         rec.depth() == 0
     }
 
@@ -599,7 +607,7 @@ mod tests {
             let depths = post_order(seed * 7919, 3000);
             let mut placer = Placer::default();
             let calls: Vec<Call> =
-                depths.iter().enumerate().map(|(i, &d)| placer.place(&Record::new(i as u64, i as u64 + 1, 0, d, 0), 0, 0)).collect();
+                depths.iter().enumerate().map(|(i, &d)| placer.place(&Record::new(i as u64, i as u64 + 1, 0, d, 0), 0, 0, 0)).collect();
             // Buffers cut anywhere, as spills cut them.
             let mut at = 0;
             while at < calls.len() {

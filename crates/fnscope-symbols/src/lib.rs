@@ -14,6 +14,7 @@
 //! # Ok::<(), fnscope_symbols::SymbolError>(())
 //! ```
 
+pub mod argspec;
 mod cfi;
 mod debugfile;
 mod demangle;
