@@ -385,7 +385,7 @@ fn parse_loc(s: &str) -> Option<Loc> {
     })
 }
 
-fn valid_name(n: &str) -> bool {
+pub(crate) fn valid_name(n: &str) -> bool {
     !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 

@@ -20,6 +20,7 @@ mod debugfile;
 mod demangle;
 mod lines;
 mod minidebuginfo;
+pub mod params;
 
 use std::path::{Path, PathBuf};
 

@@ -16,7 +16,51 @@ use object::{Endianness, Object, ObjectSection};
 
 use crate::{check_header, open_debug_file, SymbolError};
 
-type Reader = EndianArcSlice<RunTimeEndian>;
+pub(crate) type Reader = EndianArcSlice<RunTimeEndian>;
+
+/// The DWARF of an ELF file, from the file itself or from its separate debug file.
+pub(crate) struct FoundDwarf {
+    /// The GNU build-id of the ELF file (not of the debug file).
+    pub(crate) build_id: Option<Vec<u8>>,
+    /// The file the DWARF was read from, and its sections; `None` when neither the file nor
+    /// a debug file of its own has line tables.
+    pub(crate) dwarf: Option<(PathBuf, gimli::Dwarf<Reader>)>,
+}
+
+/// Loads the DWARF of the ELF file at `path`: its own, else its separate debug file's (found
+/// by build id or `.gnu_debuglink`, as for names). Errors only when `path` cannot be read or
+/// is not x86-64 ELF.
+pub(crate) fn load_dwarf(path: &Path) -> Result<FoundDwarf, SymbolError> {
+    let file = std::fs::File::open(path).map_err(|source| SymbolError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // SAFETY: private read-only mapping; see `open_debug_file` for files changed meanwhile.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| SymbolError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    check_header(path, &map)?;
+    let elf = ElfFile64::<Endianness>::parse(&map[..]).map_err(|e| SymbolError::Parse {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    let build_id = elf.build_id().ok().flatten();
+    let dwarf = match dwarf_sections(&elf) {
+        Some(d) => Some((path.to_path_buf(), d)),
+        None => {
+            let link = elf.gnu_debuglink().ok().flatten();
+            open_debug_file(path, build_id, link).and_then(|(dpath, dmap)| {
+                let delf = ElfFile64::<Endianness>::parse(&dmap[..]).ok()?;
+                Some((dpath, dwarf_sections(&delf)?))
+            })
+        }
+    };
+    Ok(FoundDwarf {
+        build_id: build_id.map(<[u8]>::to_vec),
+        dwarf,
+    })
+}
 
 /// Where a piece of code comes from in the sources.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,48 +98,25 @@ impl SourceLines {
     /// installed) is not an error: [`SourceLines::dwarf_file`] is then `None` and lookups
     /// find nothing. Errors only when `path` cannot be read or is not x86-64 ELF.
     pub fn load(path: &Path) -> Result<SourceLines, SymbolError> {
-        let file = std::fs::File::open(path).map_err(|source| SymbolError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        // SAFETY: private read-only mapping; see `open_debug_file` for files changed meanwhile.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| SymbolError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        check_header(path, &map)?;
-        let elf = ElfFile64::<Endianness>::parse(&map[..]).map_err(|e| SymbolError::Parse {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        })?;
-        let build_id = elf.build_id().ok().flatten();
+        let found = load_dwarf(path)?;
         let mut lines = SourceLines {
             ctx: None,
             decls: HashMap::new(),
             files: Vec::new(),
             dwarf_file: None,
-            build_id: build_id.map(<[u8]>::to_vec),
+            build_id: found.build_id,
         };
-        if lines.read_dwarf(&elf) {
-            lines.dwarf_file = Some(path.to_path_buf());
-        } else {
-            let link = elf.gnu_debuglink().ok().flatten();
-            if let Some((dpath, dmap)) = open_debug_file(path, build_id, link) {
-                if let Ok(delf) = ElfFile64::<Endianness>::parse(&dmap[..]) {
-                    if lines.read_dwarf(&delf) {
-                        lines.dwarf_file = Some(dpath);
-                    }
-                }
+        if let Some((file, dwarf)) = found.dwarf {
+            if lines.read_dwarf(dwarf) {
+                lines.dwarf_file = Some(file);
             }
         }
         Ok(lines)
     }
 
-    /// Indexes the subprograms of `elf` and keeps its line tables; false if it has none.
-    fn read_dwarf(&mut self, elf: &ElfFile64<'_, Endianness>) -> bool {
-        let Some(dwarf) = dwarf_sections(elf) else {
-            return false;
-        };
+    /// Indexes the subprograms of `dwarf` and keeps its line tables; false if they do not
+    /// load.
+    fn read_dwarf(&mut self, dwarf: gimli::Dwarf<Reader>) -> bool {
         let mut files: HashMap<String, u32> = HashMap::new();
         let mut units = dwarf.units();
         while let Ok(Some(header)) = units.next() {
@@ -137,8 +158,8 @@ impl SourceLines {
     }
 }
 
-/// Sections that line lookups never read: left empty so that big location lists and macro
-/// tables are not copied.
+/// Sections that neither line lookups nor signatures read: left empty so that big location
+/// lists and macro tables are not copied.
 fn unused(id: SectionId) -> bool {
     matches!(
         id,
