@@ -187,6 +187,54 @@ pub const REC_FLAG_UNWOUND: u32 = 1;
 /// `Record` flag (with `REC_FLAG_UNWOUND`): the process died with the call open (SIGKILL, a
 /// crash); the recorder closed it when it found the process gone, at `t_exit`.
 pub const REC_FLAG_CUT: u32 = 2;
+/// `Record` flag: the call's data unit (arguments, return value, injection: see
+/// [`data`]) is in the data slots just before the record.
+pub const REC_FLAG_DATA: u32 = 4;
+
+/// A call's *data unit*: its recorded arguments, return value and the injection made, if any.
+///
+/// In a chunk, the unit's words go into *data slots* just before the call's record (reserved
+/// together with it, so nested calls of signal handlers never come between): each data slot is
+/// a [`Record`]-sized triple `{word, word, tag}` whose tag has zero low 32 bits (no call
+/// record does: `id + 1` is never 0) and, in its high 32 bits, the number of words in the unit.
+/// The unit is `header` then `entry words` then `return words`.
+pub mod data {
+    /// Header: number of entry words (bits 0-15).
+    pub const ENTRY_WORDS_MASK: u64 = 0xffff;
+    /// Header: number of return words (bits 16-31).
+    pub const RET_SHIFT: u32 = 16;
+    /// Header: layout of the entry words (bits 32-39): [`LAYOUT_SPEC`] or [`LAYOUT_INT_REGS`].
+    pub const LAYOUT_SHIFT: u32 = 32;
+    /// Entry words follow the spec's items in order (`fnscope_symbols::argspec::Capture`).
+    pub const LAYOUT_SPEC: u64 = 0;
+    /// Entry words are the integer argument registers rdi, rsi, rdx, rcx, r8, r9 (as many as
+    /// counted), which the spec's integer items index.
+    pub const LAYOUT_INT_REGS: u64 = 1;
+    /// Header: injection made on this call (bits 40-47): 0 none, [`INJECT_RETURN`] or
+    /// [`INJECT_ARGUMENT`].
+    pub const INJECT_SHIFT: u32 = 40;
+    /// The function did not run: the rule's value was returned instead.
+    pub const INJECT_RETURN: u64 = 1;
+    /// An argument was changed before the function ran.
+    pub const INJECT_ARGUMENT: u64 = 2;
+    /// Header: index of the injection rule (bits 48-63).
+    pub const RULE_SHIFT: u32 = 48;
+
+    /// Builds a header.
+    pub const fn header(entry_words: u64, ret_words: u64, layout: u64, inject: u64, rule: u64) -> u64 {
+        entry_words | ret_words << RET_SHIFT | layout << LAYOUT_SHIFT | inject << INJECT_SHIFT | rule << RULE_SHIFT
+    }
+
+    /// Whether a slot's third word marks a data slot.
+    pub const fn is_data_tag(tag: u64) -> bool {
+        tag as u32 == 0 && tag != 0
+    }
+
+    /// The tag of the data slots of a unit of `words` words.
+    pub const fn tag(words: u64) -> u64 {
+        words << 32
+    }
+}
 
 impl Record {
     /// Builds a record.
@@ -319,6 +367,9 @@ pub const ENV_MIN_TICKS: &str = "FNSCOPE_MIN_TICKS";
 /// Flight recorder's signal trigger: the agent asks for a snapshot when the process gets this
 /// signal number (only if the program has not set a disposition of its own for it).
 pub const ENV_TRIGGER_SIGNAL: &str = "FNSCOPE_TRIGGER_SIGNAL";
+/// Arguments, return values and injections to record (`record -A`, `-R`, `--args auto`,
+/// `--inject`): lines `A<TAB>PATTERN<TAB>SPEC`, `R<TAB>PATTERN<TAB>SPEC`, `I<TAB>RULE`, `AUTO`.
+pub const ENV_ARGS: &str = "FNSCOPE_ARGS";
 
 /// Folder for the agent's cache of module analyses (absent: no cache).
 pub const ENV_CACHE: &str = "FNSCOPE_CACHE";

@@ -362,6 +362,7 @@ pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
 /// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)` and
 /// returns the patches to write. Plans whose prologue cannot be relocated, or whose island's
 /// donor could not be built, are returned in the error list with a reason.
+#[allow(clippy::too_many_arguments)]
 fn build_slots(
     lo: u64,
     hi: u64,
@@ -369,6 +370,7 @@ fn build_slots(
     kind: SlotKind,
     next_id: &mut u32,
     max_id: u32,
+    descs: &mut std::collections::HashMap<usize, crate::args::Desc>,
 ) -> Result<Built, String> {
     let code_offset = match kind {
         SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
@@ -387,7 +389,9 @@ fn build_slots(
     unsafe {
         *(area.base as *mut u64) = target;
         *((area.base + 8) as *mut u64) = stubs::fnscope_tls_offset();
+        *((area.base + 16) as *mut u64) = stubs::fnscope_entry_args as *const () as u64;
     }
+    let mut args_lines = String::new();
     let mut patches = Vec::with_capacity(plans.len());
     let mut failed = Vec::new();
     let mut ids = Vec::with_capacity(plans.len());
@@ -448,7 +452,15 @@ fn build_slots(
             crate::thread::set_range(id, p.addr, p.addr + p.size.max(1));
         }
         let head = match kind {
-            SlotKind::Trace | SlotKind::Prehook => trace_head(slot, area.base, id),
+            SlotKind::Trace => match descs.remove(&p.index) {
+                // Functions with values to record or injections have a stub of their own.
+                Some(d) => {
+                    args_lines.push_str(&crate::args::register(id, d));
+                    trace_head(slot, area.base + 16, id)
+                }
+                None => trace_head(slot, area.base, id),
+            },
+            SlotKind::Prehook => trace_head(slot, area.base, id),
             SlotKind::Count => count_head(slot, area.base, id),
         };
         // SAFETY: the slot lies inside the area (see above) and is `slot_len(p)` bytes long,
@@ -462,7 +474,7 @@ fn build_slots(
         off += slot_len(p);
     }
     set_prot(area.base, area.len, PROT_READ | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
-    Ok(Built { patches, failed, ids })
+    Ok(Built { patches, failed, ids, args_lines })
 }
 
 /// Result of [`build_slots`].
@@ -473,6 +485,8 @@ struct Built {
     failed: Vec<(usize, String)>,
     /// Function index and id of every slot built.
     ids: Vec<(usize, u32)>,
+    /// Image-table lines of the functions that record values (`args`).
+    args_lines: String,
 }
 
 /// Image table being written (`images/<sid>.txt`).
@@ -494,6 +508,11 @@ impl ImageTable {
             let _ = writeln!(text, "arg\t{a}");
         }
         ImageTable { text, next_id: 0, modules: 0 }
+    }
+
+    /// Appends whole lines (ending in a newline) to the table.
+    pub fn push_lines(&mut self, lines: &str) {
+        self.text.push_str(lines);
     }
 
     /// Ids handed out so far.
@@ -640,8 +659,14 @@ pub fn plan_module(
         skips.push((p.index, own, detail));
         false
     });
-    let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id)
+    let mut descs = if kind == SlotKind::Trace {
+        crate::args::plan(&obj.path, &inv.functions, &plans.iter().map(|p| p.index).collect::<Vec<_>>())
+    } else {
+        Default::default()
+    };
+    let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id, &mut descs)
         .map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    table.text.push_str(&built.args_lines);
     for (i, why) in built.failed {
         skips.push((i, skip_reason::UNRELOCATABLE, why));
     }
@@ -679,7 +704,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
     if plans.is_empty() {
         return Ok(0);
     }
-    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX)?;
+    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default())?;
     if let Some((_, why)) = write_patches(&built.patches).into_iter().next() {
         return Err(why);
     }

@@ -12,6 +12,7 @@
 //! accident.
 
 pub mod alloc;
+pub mod args;
 pub mod count;
 pub mod exec;
 pub mod filter;
@@ -76,6 +77,8 @@ struct Settings {
     min_ticks: u64,
     /// Signal that asks the recorder for a snapshot (0: none).
     trigger_signal: i32,
+    /// `FNSCOPE_ARGS` (see [`args::configure`]).
+    args: String,
 }
 
 /// Reads the `FNSCOPE_*` variables from the `envp` the dynamic linker passes to
@@ -146,6 +149,7 @@ unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
         depth: number(fnscope_abi::ENV_DEPTH).min(u32::MAX as u64) as u32,
         min_ticks: number(fnscope_abi::ENV_MIN_TICKS),
         trigger_signal: number(fnscope_abi::ENV_TRIGGER_SIGNAL) as i32,
+        args: text(fnscope_abi::ENV_ARGS),
     })
 }
 
@@ -299,7 +303,10 @@ impl Tracer {
 
 fn setup(settings: Settings) -> Result<(), String> {
     let started = std::time::Instant::now();
-    let Settings { shm, dir, libs, counting, filters, depth, min_ticks, trigger_signal } = settings;
+    let Settings { shm, dir, libs, counting, filters, depth, min_ticks, trigger_signal, args } = settings;
+    if !counting {
+        args::configure(&args).map_err(|e| format!("--args/--inject: {e}"))?;
+    }
     let sid = region::attach(&shm)?;
     let pid = sys::getpid();
     region::abandon_previous_images(pid);
@@ -314,7 +321,9 @@ fn setup(settings: Settings) -> Result<(), String> {
     // mode leaves return addresses alone, so the unwinder needs no help.
     let (unwinder, prehooked) = if counting { (0, Vec::new()) } else { unwind::install(&objs) };
     let kind = if counting { hook::SlotKind::Count } else { hook::SlotKind::Trace };
-    let mut t = Tracer { pid, sid, dir, libs, prehooked, table: hook::ImageTable::new(pid), seen: HashMap::new(), kind, filters };
+    let mut table = hook::ImageTable::new(pid);
+    table.push_lines(&args::rule_lines());
+    let mut t = Tracer { pid, sid, dir, libs, prehooked, table, seen: HashMap::new(), kind, filters };
     let (hooked, skipped) = t.hook_new_objects(&objs)?;
     t.write_table()?;
     if VERBOSE.load(Ordering::Relaxed) {

@@ -287,6 +287,295 @@ fnscope_exit:
     jmp qword ptr [rsp - 40]
     .size fnscope_entry, . - fnscope_entry
 
+
+    /* ---- Functions with values to record or injections (see args.rs) ----
+       The same protocol as fnscope_entry/fnscope_exit; in addition the entry copies the
+       call's values into its frame of the thread's args stack (frame = args_base + 16 x the
+       entry's offset in the shadow stack), and the exit writes the frame's data unit into
+       data slots before the record. The descriptor of function id is args::DESCS[id]; its
+       first two words are read here (fast_header, fast_ret). */
+
+    .globl fnscope_entry_args
+    .hidden fnscope_entry_args
+    .type fnscope_entry_args,@function
+    .p2align 4
+fnscope_entry_args:
+    mov [rsp - 16], rax
+    mov [rsp - 24], rdx
+    mov [rsp - 32], rcx
+    mov [rsp - 40], r11
+.Lea_retry:
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdx, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov rdx, qword ptr fs:[rdx]
+    test rdx, rdx
+    jz .Lea_init
+    mov ecx, 32
+    xadd qword ptr [rdx], rcx
+    cmp rcx, qword ptr [rdx + 8]
+    jae .Lea_untraced
+    cmp qword ptr [rcx - 8], rsp
+    jbe .Lea_check
+.Lea_store:
+    mov qword ptr [rcx + 8], rax
+    mov eax, dword ptr [r11 - 4]
+    bts rax, 32
+    mov qword ptr [rcx + 16], rax
+    mov qword ptr [rcx + 24], rsp
+    mov rax, qword ptr [rsp]
+    mov qword ptr [rcx], rax
+    /* r11 (the prologue) is saved at [rsp-40]: free from here on. */
+    mov eax, dword ptr [rcx + 16]
+    mov r11, qword ptr [rip + {descs}]
+    mov r11, qword ptr [r11 + rax * 8]
+    mov r11, qword ptr [r11]
+    /* rax = this entry's frame, or 0 past the args stack. */
+    mov rax, rcx
+    sub rax, qword ptr [rdx + 32]
+    cmp rax, {args_depth_bytes}
+    jae .Lea_noframe
+    cmp qword ptr [rdx + {args_off}], 0
+    je .Lea_noframe
+    shl rax, 4
+    add rax, qword ptr [rdx + {args_off}]
+    test r11, r11
+    jz .Lea_slow
+    mov qword ptr [rax], r11
+    mov qword ptr [rax + 8], rdi
+    mov qword ptr [rax + 16], rsi
+    mov r11, [rsp - 24]
+    mov qword ptr [rax + 24], r11
+    mov r11, [rsp - 32]
+    mov qword ptr [rax + 32], r11
+    mov qword ptr [rax + 40], r8
+    mov qword ptr [rax + 48], r9
+.Lea_call:
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    lea rsp, [rsp + 8]
+    call qword ptr [rsp - 48]
+    .globl fnscope_exit_args
+    .hidden fnscope_exit_args
+fnscope_exit_args:
+    sub rsp, 8
+    mov [rsp - 8], rax
+    mov [rsp - 16], rdx
+    mov [rsp - 24], rcx
+    mov [rsp - 32], rsi
+    mov [rsp - 40], r11
+    mov [rsp - 48], rdi
+.Lxa_retry:
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdx, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov rdx, qword ptr fs:[rdx]
+    mov rcx, qword ptr [rdx]
+    sub rcx, 32
+    cmp qword ptr [rcx + 24], rsp
+    jne .Lxa_mismatch
+    mov rsi, qword ptr [rcx]
+    mov qword ptr [rsp], rsi
+    mov rsi, rax
+    sub rsi, qword ptr [rcx + 8]
+    cmp rsi, qword ptr [rip + {min_ticks}]
+    jb .Lxa_pop
+    /* rdi = frame (or the slow path when there is none), r11 = descriptor. */
+    mov rdi, rcx
+    sub rdi, qword ptr [rdx + 32]
+    cmp rdi, {args_depth_bytes}
+    jae .Lxa_slow
+    cmp qword ptr [rdx + {args_off}], 0
+    je .Lxa_slow
+    shl rdi, 4
+    add rdi, qword ptr [rdx + {args_off}]
+    mov r11d, dword ptr [rcx + 16]
+    mov rsi, qword ptr [rip + {descs}]
+    mov r11, qword ptr [rsi + r11 * 8]
+    mov rsi, qword ptr [r11 + 8]
+    sub rsi, 1
+    jb .Lxa_slow
+    /* Fast: rsi = return words (0 or 1: rax). Unit = header, entry words, rax. */
+    mov [rsp - 56], rax
+    movzx eax, word ptr [rdi]
+    mov r11, [rsp - 8]
+    mov qword ptr [rdi + rax * 8 + 8], r11
+    lea r11, [rax + rsi + 1]
+    shl rsi, 16
+    or rsi, qword ptr [rdi]
+    mov qword ptr [rdi], rsi
+    /* r11 = words; slots = (words + 1) / 2, plus the record. */
+    mov [rsp - 64], r11
+    lea rsi, [r11 + 3]
+    shr rsi, 1
+    imul rsi, rsi, 24
+    mov rax, rsi
+    xadd qword ptr [rdx + 16], rsi
+    add rax, rsi
+    cmp rax, qword ptr [rdx + 24]
+    ja .Lxa_full
+    /* Data slots: two words and the tag each; a unit of an odd count pads its last slot. */
+    mov rax, [rsp - 64]
+    shl rax, 32
+.Lxa_slot:
+    mov r11, qword ptr [rdi]
+    mov qword ptr [rsi], r11
+    mov r11, qword ptr [rdi + 8]
+    mov qword ptr [rsi + 8], r11
+    mov qword ptr [rsi + 16], rax
+    add rsi, 24
+    add rdi, 16
+    sub qword ptr [rsp - 64], 2
+    jg .Lxa_slot
+    mov rax, [rsp - 56]
+    mov r11, qword ptr [rcx + 8]
+    mov qword ptr [rsi], r11
+    mov qword ptr [rsi + 8], rax
+    mov rax, rcx
+    sub rax, qword ptr [rdx + 32]
+    shl rax, 27
+    mov r11d, dword ptr [rcx + 16]
+    lea rax, [rax + r11 + 1]
+    bts rax, {data_bit}
+    mov qword ptr [rsi + 16], rax
+.Lxa_pop:
+    sub qword ptr [rdx], 32
+.Lxa_leave:
+    mov rdi, [rsp - 48]
+    mov r11, [rsp - 40]
+    mov rsi, [rsp - 32]
+    mov rcx, [rsp - 24]
+    mov rdx, [rsp - 16]
+    mov rax, [rsp - 8]
+    ret
+.Lxa_full:
+    /* The slots reserved run past the chunk: pad what lies in it, then write the unit from
+       Rust (which takes a new chunk). rsi = start, rax = end. */
+    SAVE_ALL
+    mov rdi, rdx
+    mov rdx, rax
+    call fnscope_args_pad
+    RESTORE_ALL
+    mov rax, [rsp - 56]
+.Lxa_slow:
+    SAVE_ALL
+    mov rdi, rdx
+    mov rsi, rcx
+    mov rdx, rax
+    mov rcx, rbp
+    mov r8, rsp
+    lea r9, [rbp + 208]
+    call fnscope_args_exit
+    RESTORE_ALL
+    jmp .Lxa_pop
+.Lxa_mismatch:
+    SAVE_ALL
+    mov rdi, rdx
+    lea rsi, [rbp + 208]
+    call fnscope_exit_mismatch
+    test eax, eax
+    RESTORE_ALL
+    jz .Lxa_retry
+    jmp .Lxa_leave
+.Lea_noframe:
+    test r11, r11
+    jnz .Lea_call
+    xor eax, eax
+.Lea_slow:
+    /* rax = frame or 0, rcx = entry, rdx = state. */
+    SAVE_ALL
+    mov rdi, rdx
+    mov rsi, rcx
+    mov rdx, rax
+    mov rcx, rbp
+    mov r8, rsp
+    lea r9, [rbp + 208]
+    call fnscope_args_enter
+    test eax, eax
+    RESTORE_ALL
+    jz .Lea_call
+    /* Injected: the function does not run; the value is in the saved rax. */
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    ret
+.Lea_untraced:
+    cmp qword ptr [rdx + 8], 0
+    je .Lea_untraced_run
+    cmp qword ptr [rcx - 8], rsp
+    ja .Lea_untraced_run
+    SAVE_ALL
+    mov rdi, rdx
+    lea rsi, [rbp + 208]
+    mov rdx, rcx
+    call fnscope_entry_dead
+    test eax, eax
+    RESTORE_ALL
+    jnz .Lea_retry
+.Lea_untraced_run:
+    sub qword ptr [rdx], 32
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 40]
+.Lea_check:
+    jb .Lea_dead
+    lea r11, [rip + fnscope_exit]
+    cmp qword ptr [rsp], r11
+    je .Lea_tail
+    lea r11, [rip + fnscope_exit_args]
+    cmp qword ptr [rsp], r11
+.Lea_tail:
+    mov r11, [rsp - 40]
+    je .Lea_store
+.Lea_dead:
+    SAVE_ALL
+    mov rdi, rdx
+    lea rsi, [rbp + 208]
+    mov rdx, rcx
+    call fnscope_entry_dead
+    test eax, eax
+    RESTORE_ALL
+    jnz .Lea_retry
+    jmp .Lea_store
+.Lea_init:
+    SAVE_ALL
+    call fnscope_thread_init
+    test eax, eax
+    RESTORE_ALL
+    jnz .Lea_retry
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 40]
+    .size fnscope_entry_args, . - fnscope_entry_args
+
+    .globl fnscope_set_errno
+    .hidden fnscope_set_errno
+    .type fnscope_set_errno,@function
+fnscope_set_errno:
+    mov rax, qword ptr [rip + errno@GOTTPOFF]
+    mov dword ptr fs:[rax], edi
+    ret
+    .size fnscope_set_errno, . - fnscope_set_errno
+
+    /* Copies st0 (10 bytes) to [rdi] without changing the x87 stack. */
+    .globl fnscope_read_st0
+    .hidden fnscope_read_st0
+    .type fnscope_read_st0,@function
+fnscope_read_st0:
+    fld st(0)
+    fstp tbyte ptr [rdi]
+    ret
+    .size fnscope_read_st0, . - fnscope_read_st0
+
     /* Pre-hooks on the unwinder: call the Rust handler with the hook kind (the slot's id
        field), the stack pointer at entry and the function's first argument (the exception
        object), then run the original function. */
@@ -356,6 +645,10 @@ fnscope_rdtsc:
     .size fnscope_rdtsc, . - fnscope_rdtsc
 "#,
     min_ticks = sym MIN_TICKS,
+    args_off = const core::mem::offset_of!(crate::thread::ThreadState, args_base),
+    args_depth_bytes = const crate::args::ARGS_DEPTH * 32,
+    data_bit = const 56 + 2,
+    descs = sym crate::args::DESCS,
 );
 
 /// `--min-duration` in time-stamp-counter ticks (0: every call is recorded), read by the exit
@@ -367,6 +660,14 @@ extern "C" {
     pub fn fnscope_entry();
     /// Exit stub; hooked functions return into it.
     pub fn fnscope_exit();
+    /// Entry stub of functions with values to record or injections (see [`crate::args`]).
+    pub fn fnscope_entry_args();
+    /// Exit stub of those functions.
+    pub fn fnscope_exit_args();
+    /// Sets the C library's `errno` of this thread (its initial-exec TLS slot).
+    fn fnscope_set_errno(e: i32);
+    /// Copies the x87 top of stack (10 bytes) to `out`, leaving the stack as it was.
+    fn fnscope_read_st0(out: *mut u8);
     /// Common stub of pre-hooks (see [`crate::unwind`]).
     pub fn fnscope_prehook();
     /// Count mode: sets up a thread's counters, then resumes the slot at `r11`.
@@ -379,6 +680,21 @@ extern "C" {
     pub fn fnscope_tls_set(state: *mut crate::thread::ThreadState);
     /// Reads the time-stamp counter.
     pub fn fnscope_rdtsc() -> u64;
+}
+
+/// Sets this thread's `errno` (an injection's `errno:`).
+pub fn set_errno(e: i32) {
+    // SAFETY: writes the calling thread's errno slot, nothing else.
+    unsafe { fnscope_set_errno(e) }
+}
+
+/// Copies st0 into `out` (10 bytes) without popping it.
+///
+/// # Safety
+/// `out` must be writable for 10 bytes.
+pub unsafe fn read_st0(out: *mut u8) {
+    // SAFETY: per the caller's guarantee; the x87 stack is left as it was.
+    unsafe { fnscope_read_st0(out) }
 }
 
 /// Reads the time-stamp counter.

@@ -97,6 +97,16 @@ pub fn thread_name() -> [u8; 16] {
     name
 }
 
+/// Copies `buf.len()` bytes at `addr` of this process with `process_vm_readv`, which fails
+/// on unmapped memory instead of faulting; returns the bytes copied.
+pub fn read_own_memory(addr: u64, buf: &mut [u8]) -> usize {
+    let local = [buf.as_mut_ptr() as usize, buf.len()];
+    let remote = [addr as usize, buf.len()];
+    // SAFETY: both iovecs describe memory of the right length; the kernel checks `remote`.
+    let r = unsafe { syscall6(libc::SYS_process_vm_readv as usize, getpid() as usize, local.as_ptr() as usize, 1, remote.as_ptr() as usize, 1, 0) };
+    if r < 0 { 0 } else { r as usize }
+}
+
 /// Kernel thread id of the caller.
 pub fn gettid() -> u32 {
     // SAFETY: gettid takes no arguments and cannot fail.

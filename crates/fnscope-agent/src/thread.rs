@@ -58,6 +58,8 @@ pub struct ThreadState {
     pub slot: u64,
     /// While the thread forks: the slot whose state this private copy stands in for.
     pub fork_slot: u64,
+    /// The thread's args stack (see [`crate::args`]), or 0.
+    pub args_base: u64,
 }
 
 /// Entries removed as gone that a thread remembers.
@@ -147,6 +149,7 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     inflight: [0; MAX_INFLIGHT],
     slot: 0,
     fork_slot: 0,
+    args_base: 0,
 }));
 
 fn disabled() -> *mut ThreadState {
@@ -213,6 +216,9 @@ extern "C" fn fnscope_thread_init() -> u32 {
         let (lo, hi) = own_stack();
         (*st).stack_lo = lo;
         (*st).stack_hi = hi;
+        if crate::args::enabled() {
+            (*st).args_base = sys::mmap_anon(crate::args::ARGS_STACK_BYTES) as u64;
+        }
         libc::pthread_setspecific(KEY, st as *const libc::c_void);
         stubs::fnscope_tls_set(st);
     }
@@ -258,6 +264,9 @@ impl ThreadState {
 unsafe fn free_state(st: *mut ThreadState) {
     // SAFETY: per the caller's guarantee.
     unsafe {
+        if (*st).args_base != 0 {
+            sys::munmap((*st).args_base as *mut u8, crate::args::ARGS_STACK_BYTES);
+        }
         match (*st).slot {
             0 => sys::munmap(st as *mut u8, 4096 + SHADOW_BYTES),
             slot => region::release_slot(slot as *mut u8),
@@ -403,14 +412,14 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
         }
         let base = (*st).ss_base;
         let ret = read_volatile(rsp as *const u64);
-        let tail_call = ret == stubs::fnscope_exit as *const () as u64;
+        let tail_call = ret == stubs::fnscope_exit as *const () as u64 || ret == stubs::fnscope_exit_args as *const () as u64;
         let mut k = slot;
         while k > base {
             let e = (k - 32) as *const ShadowEntry;
             // A frame that calls from above its own return slot (libffi's ffi_call_unix64 builds
             // a frame in memory its caller reserved) is alive: the call returns into its code.
             let dead = if on_stack((*e).slot) {
-                ((*e).slot < rsp && !in_function((*e).id, ret)) || ((*e).slot == rsp && !tail_call)
+                ((*e).slot < rsp && !in_function((*e).id & 0xffff_ffff, ret)) || ((*e).slot == rsp && !tail_call)
             } else {
                 gone_stack((*e).slot)
             };
@@ -430,8 +439,7 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             let g = (*st).graveyard_next as usize % GRAVEYARD;
             (*st).graveyard[g] = e;
             (*st).graveyard_next = (*st).graveyard_next.wrapping_add(1);
-            let depth = ((p - base) / 32) as u32;
-            emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
+            emit_closed(st, p, now);
         }
         write_volatile(addr_of_mut!((*st).ss_top), k);
         1
@@ -666,15 +674,21 @@ unsafe fn refill(st: *mut ThreadState) -> bool {
     }
 }
 
-/// Writes one record from Rust (slow paths), taking a new chunk if needed.
+/// Writes a call's record preceded by its data unit `words` (if any) in data slots, all in
+/// one chunk, taking a new chunk if needed.
 ///
 /// # Safety
 /// `st` must be the calling thread's state.
-unsafe fn emit(st: *mut ThreadState, rec: Record) {
+pub unsafe fn emit_unit(st: *mut ThreadState, mut rec: Record, words: &[u64]) {
     // `--min-duration`, as the exit stub applies it: an ancestor lasts at least as long as
     // its callees, so every call kept still has its callers.
     if rec.ticks() < stubs::MIN_TICKS.load(Ordering::Relaxed) {
         return;
+    }
+    let slots = words.len().div_ceil(2);
+    let bytes = ((slots + 1) * RECORD_SIZE) as u64;
+    if slots > 0 {
+        rec.id_depth |= (fnscope_abi::REC_FLAG_DATA as u64) << 56;
     }
     // SAFETY: per the caller's guarantee.
     unsafe {
@@ -683,24 +697,47 @@ unsafe fn emit(st: *mut ThreadState, rec: Record) {
             return;
         }
         let mut ptr = read_volatile(addr_of_mut!((*st).buf_ptr));
-        if ptr + RECORD_SIZE as u64 > read_volatile(addr_of_mut!((*st).buf_end)) {
+        if ptr + bytes > read_volatile(addr_of_mut!((*st).buf_end)) {
             let mask = sys::block_signals();
             let prev = read_volatile(addr_of_mut!((*st).in_slow));
             write_volatile(addr_of_mut!((*st).in_slow), 1);
             let ok = refill(st);
             write_volatile(addr_of_mut!((*st).in_slow), prev);
             sys::restore_signals(mask);
-            if !ok {
+            ptr = (*st).buf_ptr;
+            if !ok || ptr + bytes > (*st).buf_end {
                 (*st).lost += 1;
                 return;
             }
-            ptr = (*st).buf_ptr;
         }
-        write_volatile(addr_of_mut!((*st).buf_ptr), ptr + RECORD_SIZE as u64);
-        let r = ptr as *mut Record;
+        write_volatile(addr_of_mut!((*st).buf_ptr), ptr + bytes);
+        let tag = fnscope_abi::data::tag(words.len() as u64);
+        for (k, pair) in words.chunks(2).enumerate() {
+            let r = (ptr + (k * RECORD_SIZE) as u64) as *mut Record;
+            write_volatile(addr_of_mut!((*r).t_entry), pair[0]);
+            write_volatile(addr_of_mut!((*r).t_exit), pair.get(1).copied().unwrap_or(0));
+            write_volatile(addr_of_mut!((*r).id_depth), tag);
+        }
+        let r = (ptr + (slots * RECORD_SIZE) as u64) as *mut Record;
         write_volatile(addr_of_mut!((*r).t_entry), rec.t_entry);
         write_volatile(addr_of_mut!((*r).t_exit), rec.t_exit);
         write_volatile(addr_of_mut!((*r).id_depth), rec.id_depth);
+    }
+}
+
+/// Records the call of shadow entry `p` as ending at `now` without returning, with its entry
+/// data when it has some.
+///
+/// # Safety
+/// `st` must be the calling thread's state and `p` one of its shadow entries.
+unsafe fn emit_closed(st: *mut ThreadState, p: u64, now: u64) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        let e = core::ptr::read(p as *const ShadowEntry);
+        let depth = ((p - (*st).ss_base) / 32) as u32;
+        let mut words = [0u64; crate::args::FRAME_WORDS];
+        let n = crate::args::entry_unit(st, p, &mut words);
+        emit_unit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND), &words[..n]);
     }
 }
 
@@ -712,9 +749,7 @@ unsafe fn pop_unwound(st: *mut ThreadState, now: u64) {
     // SAFETY: per the caller's guarantee the top entry exists.
     unsafe {
         let top = read_volatile(addr_of_mut!((*st).ss_top)) - 32;
-        let e = top as *const ShadowEntry;
-        let depth = ((top - (*st).ss_base) / 32) as u32;
-        emit(st, Record::new((*e).t_entry, now, (*e).id as u32, depth, REC_FLAG_UNWOUND));
+        emit_closed(st, top, now);
         write_volatile(addr_of_mut!((*st).ss_top), top);
     }
 }
@@ -801,8 +836,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
             r -= 32;
             let e = core::ptr::read(r as *const ShadowEntry);
             if dead(&e) {
-                let depth = ((r - base) / 32) as u32;
-                emit(st, Record::new(e.t_entry, now, e.id as u32, depth, REC_FLAG_UNWOUND));
+                emit_closed(st, r, now);
             }
         }
         let mut w = k;
@@ -854,7 +888,8 @@ pub fn unwind_begins(rsp: u64, exception: u64) {
 /// # Safety
 /// `st` must be the calling thread's state, and its entries' slots must be live frames.
 unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
-    let exit = stubs::fnscope_exit as *const () as u64;
+    let plain = stubs::fnscope_exit as *const () as u64;
+    let with_args = stubs::fnscope_exit_args as *const () as u64;
     // SAFETY: per the caller's guarantee; a slot is only written when it holds the value this
     // agent put there (or the real address it replaced), i.e. it is that frame's return slot.
     // Oldest first: when entries share a slot, the oldest holds the frame's real return
@@ -870,6 +905,7 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
             if ((*e).slot < lo || (*e).slot >= hi) && gone_stack((*e).slot) {
                 continue;
             }
+            let exit = if (*e).id & crate::args::ARGS_ENTRY != 0 { with_args } else { plain };
             let (from, to) = if armed { ((*e).ret, exit) } else { (exit, (*e).ret) };
             if read_volatile(slot) == from {
                 write_volatile(slot, to);
@@ -948,7 +984,7 @@ pub fn newest_slot_of(id: u32) -> Option<u64> {
         while p > (*st).ss_base {
             p -= 32;
             let e = p as *const ShadowEntry;
-            if (*e).id == u64::from(id) {
+            if (*e).id as u32 == id {
                 return Some((*e).slot);
             }
         }
@@ -966,9 +1002,7 @@ unsafe fn emit_open_calls(st: *mut ThreadState, now: u64) {
         let mut p = (*st).ss_top;
         while p > (*st).ss_base {
             p -= 32;
-            let e = p as *const ShadowEntry;
-            let depth = ((p - (*st).ss_base) / 32) as u32;
-            emit(st, Record::new((*e).t_entry, now, (*e).id as u32, depth, REC_FLAG_UNWOUND));
+            emit_closed(st, p, now);
         }
     }
 }

@@ -7,6 +7,7 @@
 //! is large). The walk hands each call over twice, on entry and on exit, properly nested.
 
 use crate::names::Names;
+use crate::values::{decode, CallValues, DataStore, Specs};
 use crate::spill::{Call, Merge, ThreadCalls, MEMORY_CALLS};
 use crate::{headers, scan, AnalysisError, Trace};
 use fnscope_abi::{REC_FLAG_CUT, REC_FLAG_UNWOUND};
@@ -174,6 +175,20 @@ pub struct WalkContext {
     pub names: FunctionNames,
     /// Bytes of the file read so far by the pass over the records, for progress bars.
     pub bytes_read: u64,
+    specs: Specs,
+    data: DataStore,
+}
+
+impl WalkContext {
+    /// The arguments, return value and injection recorded for call `c` (`record -A`, `-R`,
+    /// `--inject`), if it has any. Only valid while `c` is being visited.
+    pub fn values(&self, c: &CallInfo) -> Option<CallValues> {
+        if c.data == 0 {
+            return None;
+        }
+        let words = self.data.get(c.data).ok()?;
+        decode(&self.specs, c.image, c.id, &words)
+    }
 }
 
 /// Every selected thread's calls, in the order threads first appear in the file, kept within
@@ -309,7 +324,8 @@ pub(crate) fn walk_calls_within(
 ) -> Result<Trace, AnalysisError> {
     let pre = headers(path)?;
     let names = FunctionNames(Names::new(pre.images.values()));
-    let mut cx = WalkContext { trace: pre, names, bytes_read: 0 };
+    let specs = Specs::new(pre.images.values());
+    let mut cx = WalkContext { trace: pre, names, bytes_read: 0, specs, data: DataStore::default() };
     let mut threads = Threads::new(budget);
     let mut failed = None;
     // Order::Returned: per thread, the depth of the previous record (a deeper one just
@@ -321,9 +337,24 @@ pub(crate) fn walk_calls_within(
             return;
         }
         let key = (seg.pid, seg.tid);
+        // The data unit of each record that has one, in record order.
+        let mut units = seg.data.iter().peekable();
+        let mut unit_of = |k: usize, data: &mut DataStore| -> Result<u64, AnalysisError> {
+            match units.next_if(|u| u.record as usize == k) {
+                Some(u) => data.put(&u.words),
+                None => Ok(0),
+            }
+        };
         if order == Order::Returned {
             let last = last_depth.entry(key).or_insert(0);
-            for r in &seg.records {
+            for (k, r) in seg.records.iter().enumerate() {
+                let data = match unit_of(k, &mut cx.data) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        failed = Some(e);
+                        return;
+                    }
+                };
                 let depth = r.depth();
                 let c = CallInfo {
                     pid: seg.pid,
@@ -337,7 +368,7 @@ pub(crate) fn walk_calls_within(
                     exit_tsc: r.t_exit,
                     ending: ending(r.flags()),
                     has_callees: *last > depth,
-                    data: 0,
+                    data,
                 };
                 *last = depth;
                 if let Err(e) = visit(&mut cx, CallEvent::Exit(c)) {
@@ -345,13 +376,21 @@ pub(crate) fn walk_calls_within(
                     return;
                 }
             }
+            cx.data.clear();
             return;
         }
         let i = threads.index(key);
-        for r in &seg.records {
+        for (k, r) in seg.records.iter().enumerate() {
             let func = cx.names.0.index(seg.image_sid, r.id());
+            let data = match unit_of(k, &mut cx.data) {
+                Ok(h) => h,
+                Err(e) => {
+                    failed = Some(e);
+                    return;
+                }
+            };
             let t = &mut threads.order[i].1;
-            let done = t.push(r, func, seg.image_sid, 0);
+            let done = t.push(r, func, seg.image_sid, data);
             threads.held += 1;
             let step = if done && order == Order::Completed {
                 threads.held -= t.in_memory();

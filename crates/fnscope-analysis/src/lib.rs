@@ -19,6 +19,7 @@ mod profile;
 mod replay;
 mod report;
 mod spill;
+mod values;
 
 pub use calls::{
     walk_calls, CallEvent, CallInfo, Ending, FunctionNames, Order, Selection, WalkContext,
@@ -33,6 +34,7 @@ pub use info::{civil_from_days, info, render_info_text, ImageInfo, Info};
 pub use pdb::{pdb_functions, PdbFunction};
 pub use profile::{add_function, combine, function_key_texts, load_all, settle_calls_min, Profile, MODE_MERGED};
 pub use replay::{replay_lines, replay_tree};
+pub use values::{CallValues, Injection};
 pub use spill::{get as get_varint, put as put_varint};
 pub use report::{
     by_module, render_by_module_text, render_report_text, report, report_by_module_json,

@@ -52,22 +52,35 @@ pub(crate) fn replay_tree_within(
         let tid = c.tid;
         let indent = "  ".repeat(c.depth.min(MAX_INDENT) as usize);
         let dur = format_duration(cx.trace.duration_ns(c.entry_tsc, c.exit_tsc));
-        let name = cx.names.name(c.func);
         // A call the process died in (SIGKILL, a crash) says so; other calls that did not
         // return normally were left by longjmp, an exception, exec or exit.
         let ending = match c.ending {
             Ending::Returned => "",
             e => e.as_str(),
         };
-        let parens = if name.ends_with(')') { "" } else { "()" };
+        let values = cx.values(&c);
+        let name = cx.names.name(c.func);
+        let parens = match &values {
+            Some(v) if v.has_args => v.args_text(),
+            _ if name.ends_with(')') => String::new(),
+            _ => "()".to_string(),
+        };
+        let ret = match values.as_ref().and_then(|v| v.ret.as_deref()) {
+            Some(r) => format!(" = {r}"),
+            None => String::new(),
+        };
+        let injected = match values.as_ref().and_then(|v| v.injection.as_ref()) {
+            Some(i) => format!(" /* injected: {} */", i.rule()),
+            None => String::new(),
+        };
         let r = if !c.has_callees {
             let note = if ending.is_empty() { String::new() } else { format!(" /* {ending} */") };
-            writeln!(out, "[{tid:>6}] {dur:>10} | {indent}{name}{parens};{note}")
+            writeln!(out, "[{tid:>6}] {dur:>10} | {indent}{name}{parens}{ret};{note}{injected}")
         } else if !leave {
-            writeln!(out, "[{tid:>6}] {:>10} | {indent}{name}{parens} {{", "")
+            writeln!(out, "[{tid:>6}] {:>10} | {indent}{name}{parens} {{{injected}", "")
         } else {
             let note = if ending.is_empty() { String::new() } else { format!(", {ending}") };
-            writeln!(out, "[{tid:>6}] {dur:>10} | {indent}}} /* {name}{note} */")
+            writeln!(out, "[{tid:>6}] {dur:>10} | {indent}}}{ret} /* {name}{note} */")
         };
         r.map_err(out_err)
     })?;
@@ -103,13 +116,21 @@ pub(crate) fn replay_lines_within(
     let trace = walk_calls_within(path, &sel, Order::Time, budget, |cx, ev| {
         seq += 1;
         let wall = cx.trace.wall_ns(ev.tsc());
-        let what = match ev {
-            CallEvent::Enter(_) => "enter",
-            CallEvent::Exit(_) => "leave",
+        let values = cx.values(ev.call());
+        // Technique A glues `ret:` and the raw return value to the name on leave lines; the
+        // arguments go the same way on enter lines, as `args:(...)`.
+        let (what, tail) = match (ev, &values) {
+            (CallEvent::Enter(_), Some(v)) if v.has_args => ("enter", format!("args:{}", v.args_text())),
+            (CallEvent::Enter(_), _) => ("enter", String::new()),
+            (CallEvent::Exit(_), Some(v)) => match v.ret.clone().or(v.raw_ret.map(|r| r.to_string())) {
+                Some(r) => ("leave", format!("ret:{r}")),
+                None => ("leave", String::new()),
+            },
+            (CallEvent::Exit(_), None) => ("leave", String::new()),
         };
         writeln!(
             out,
-            "{seq}[{},{}]{what}:{}",
+            "{seq}[{},{}]{what}:{}{tail}",
             wall / 1_000_000_000,
             wall % 1_000_000_000,
             cx.names.name(ev.call().func)

@@ -130,31 +130,36 @@ struct SpillFile {
     end: u64,
 }
 
-fn temp_err(source: std::io::Error) -> AnalysisError {
+pub(crate) fn temp_err(source: std::io::Error) -> AnalysisError {
     AnalysisError::Temp {
         dir: std::env::temp_dir(),
         source,
     }
 }
 
+/// A new temporary file in `TMPDIR`, unlinked at once, so that nothing is left behind
+/// whatever happens to this process.
+pub(crate) fn unlinked_temp_file() -> Result<File, AnalysisError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let path: PathBuf = std::env::temp_dir().join(format!(
+        "fnscope-replay-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(temp_err)?;
+    std::fs::remove_file(&path).map_err(temp_err)?;
+    Ok(file)
+}
+
 impl SpillFile {
     fn create() -> Result<SpillFile, AnalysisError> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path: PathBuf = std::env::temp_dir().join(format!(
-            "fnscope-replay-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(temp_err)?;
-        // Unlinked at once, so that nothing is left behind whatever happens to this process.
-        std::fs::remove_file(&path).map_err(temp_err)?;
-        Ok(SpillFile { file, end: 0 })
+        Ok(SpillFile { file: unlinked_temp_file()?, end: 0 })
     }
 
     /// Writes `calls` (sorted) as a run at the end of the file.

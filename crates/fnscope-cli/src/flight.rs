@@ -181,8 +181,25 @@ pub struct Segment {
     pub lost: u64,
     /// Chunk flags.
     pub flags: u32,
-    /// The records.
+    /// The call records.
     pub recs: Vec<Record>,
+    /// The data units of those that have one.
+    pub data: Vec<fnscope_format::CallData>,
+}
+
+impl Segment {
+    /// A segment of the records a thread wrote, data slots included (they are separated
+    /// from the call records here).
+    pub fn new(sid: u32, pid: u32, tid: u32, seq: u64, lost: u64, flags: u32, raw: Vec<Record>) -> Segment {
+        let (recs, data) = if has_data_slots(&raw) { fnscope_format::split_data(&raw) } else { (raw, Vec::new()) };
+        Segment { sid, pid, tid, seq, lost, flags, recs, data }
+    }
+}
+
+/// Whether records a thread wrote hold data slots (calls with arguments or return values):
+/// their third word has zero low half, which no call record has.
+pub fn has_data_slots(raw: &[Record]) -> bool {
+    raw.iter().any(|r| r.id_depth as u32 == 0)
 }
 
 #[derive(Default)]

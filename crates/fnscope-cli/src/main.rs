@@ -6,6 +6,7 @@ mod flight;
 mod funcs;
 mod record;
 mod server;
+mod values;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -69,6 +70,8 @@ enum Command {
         mono_no_inline: bool,
         #[command(flatten)]
         filters: record::FilterArgs,
+        #[command(flatten)]
+        values: values::ValueArgs,
         #[command(flatten)]
         flight: flight::FlightArgs,
         /// Once recorded, upload the run to the fnscope server at URL.
@@ -400,16 +403,17 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, mono_no_inline, filters, flight, upload, token, tags, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, mono_no_inline, filters, values, flight, upload, token, tags, command } => {
             let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
             let filters = filters.check(count)?;
+            let values = values.check(count)?;
             let flight = flight.check(count)?;
             let plan_cache = !no_cache;
             let trace = output.clone();
             let flight_mode = flight.is_some();
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, flight, command })?;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, values, flight, command })?;
             if let Some(server) = upload {
                 // A flight recording's calls are in its snapshots, which overlap and share
                 // the run's identity: the last one goes (the crash or the exit, when taken).

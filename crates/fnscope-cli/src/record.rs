@@ -38,6 +38,8 @@ pub struct RecordOptions {
     pub flight: Option<FlightOptions>,
     /// Program and arguments.
     pub command: Vec<String>,
+    /// Arguments, return values and injections: the agent's `FNSCOPE_ARGS` text.
+    pub values: String,
 }
 
 /// `MONO_ENV_OPTIONS` with Mono's inliner turned off, keeping the options the user set.
@@ -635,7 +637,7 @@ impl Recorder {
                 f.scan(seg.sid, &seg.recs[from.min(seg.recs.len())..]);
                 f.keep(seg);
             }
-            None => self.writer.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs)?,
+            None => self.writer.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs, &seg.data)?,
         }
         Ok(())
     }
@@ -669,11 +671,14 @@ impl Recorder {
         let nrec = recs.len();
         if self.flight.is_some() {
             let from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
-            let seg = Segment { sid, pid, tid, seq, lost, flags: flags | extra_flags, recs: recs.to_vec() };
+            let seg = Segment::new(sid, pid, tid, seq, lost, flags | extra_flags, recs.to_vec());
             self.store(seg, from)?;
+        } else if crate::flight::has_data_slots(recs) {
+            let seg = Segment::new(sid, pid, tid, seq, lost, flags | extra_flags, recs.to_vec());
+            self.store(seg, 0)?;
         } else {
             // Straight from shared memory: no copy on the path of every call.
-            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
+            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &[])?;
             self.calls += nrec as u64;
             self.pids.insert(pid);
         }
@@ -783,7 +788,7 @@ impl Recorder {
                 Some(n) => self.region.records(index, n as usize).to_vec(),
                 None => self.region.live_records(index, 0),
             };
-            live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags: 0, recs });
+            live.entry((pid, tid)).or_default().push(Segment::new(sid, pid, tid, seq, 0, 0, recs));
         }
         let now = tsc();
         for i in 0..self.region.slots {
@@ -803,7 +808,7 @@ impl Recorder {
             if state == SLOT_OWNED && closed == 0 {
                 let (seq, recs) = self.region.open_calls(i, now, self.min_ticks);
                 let flags = CHUNK_FLAG_ABANDONED;
-                live.entry((pid, tid)).or_default().push(Segment { sid, pid, tid, seq, lost: 0, flags, recs });
+                live.entry((pid, tid)).or_default().push(Segment::new(sid, pid, tid, seq, 0, flags, recs));
             }
         }
         let mut w = TraceWriter::create(&tmp.join("trace.fns"))?;
@@ -816,7 +821,7 @@ impl Recorder {
         let Some(f) = &self.flight else { return Ok(()) };
         let live_segs = live.values().flatten();
         for seg in f.segments().chain(live_segs).filter(|s| !s.recs.is_empty()) {
-            w.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs)?;
+            w.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs, &seg.data)?;
             calls += seg.recs.len() as u64;
             pids.insert(seg.pid);
         }
@@ -880,7 +885,7 @@ impl Recorder {
                     if !self.images_written.contains(&sid) {
                         self.copy_images()?;
                     }
-                    self.store(Segment { sid, pid, tid, seq, lost: 0, flags: CHUNK_FLAG_ABANDONED, recs }, 0)?;
+                    self.store(Segment::new(sid, pid, tid, seq, 0, CHUNK_FLAG_ABANDONED, recs), 0)?;
                 }
             }
             state.store(fnscope_abi::SLOT_FREE, Ordering::Release);
@@ -984,6 +989,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     }
     if opts.mono_no_inline {
         cmd.env("MONO_ENV_OPTIONS", mono_no_inline(std::env::var_os("MONO_ENV_OPTIONS").as_deref()));
+    }
+    if !opts.values.is_empty() {
+        cmd.env(fnscope_abi::ENV_ARGS, &opts.values);
     }
     if !f.filter.is_empty() {
         cmd.env(fnscope_abi::ENV_FILTER, f.filter.join("\n"));

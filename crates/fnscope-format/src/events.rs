@@ -63,6 +63,20 @@ fn put(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Appends `v` as a LEB128 varint.
+pub(crate) fn put_varint(out: &mut Vec<u8>, v: u64) {
+    put(out, v);
+}
+
+/// Reads a LEB128 varint at `*at`, moving past it.
+pub(crate) fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut c = Col { b: b.get(*at..)? };
+    let before = c.b.len();
+    let v = c.get().ok()?;
+    *at += before - c.b.len();
+    Some(v)
+}
+
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }

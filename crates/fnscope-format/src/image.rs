@@ -27,6 +27,23 @@ pub struct ImageTable {
     pub unhooked: Vec<(u32, String)>,
     /// Modules `record --app-only` treated as system code and did not hook.
     pub system: Vec<String>,
+    /// Functions whose calls carry a data unit (`record -A`/`-R`/`--inject`).
+    pub values: Vec<ValuesEntry>,
+    /// Injection rules (`record --inject`), by index, as text.
+    pub injections: Vec<(u32, String)>,
+}
+
+/// What the calls of one function record: the `args` line of an image table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ValuesEntry {
+    /// Function id.
+    pub id: u32,
+    /// Argument spec (`fnscope_symbols::argspec::ArgSpec`'s text; empty: none).
+    pub args: String,
+    /// Return spec (`RetSpec`'s text), or `None` when the return value is not recorded.
+    pub ret: Option<String>,
+    /// Indices of the injection rules that apply to it.
+    pub rules: Vec<u32>,
 }
 
 /// One ELF module of an image.
@@ -160,6 +177,23 @@ impl ImageTable {
                     });
                 }
                 "system" => t.system.push(rest.to_string()),
+                "args" => {
+                    let f: Vec<&str> = rest.splitn(4, '\t').collect();
+                    if f.len() != 4 {
+                        return Err(bad(n, "args line needs 4 fields".into()));
+                    }
+                    let rules = if f[3] == "-" { Vec::new() } else { f[3].split(',').map(dec).collect::<Option<Vec<u32>>>().ok_or_else(|| bad(n, "bad rule list".into()))? };
+                    t.values.push(ValuesEntry {
+                        id: dec(f[0]).ok_or_else(|| bad(n, "bad function id".into()))?,
+                        args: f[1].to_string(),
+                        ret: (f[2] != "-").then(|| f[2].to_string()),
+                        rules,
+                    });
+                }
+                "inject" => {
+                    let (k, text) = rest.split_once('\t').unwrap_or((rest, ""));
+                    t.injections.push((dec(k).ok_or_else(|| bad(n, "bad rule index".into()))?, text.to_string()));
+                }
                 "unhooked" => {
                     let (id, why) = rest.split_once('\t').unwrap_or((rest, ""));
                     let id = dec(id).ok_or_else(|| bad(n, format!("bad function id `{id}`")))?;
@@ -215,6 +249,13 @@ impl ImageTable {
                 "skip\t{}\t{:x}\t{}\t{}\t{}\t{}",
                 k.module, k.address, k.size, k.reason, k.detail, k.raw_name
             );
+        }
+        for (k, text) in &self.injections {
+            let _ = writeln!(s, "inject\t{k}\t{text}");
+        }
+        for v in &self.values {
+            let rules = if v.rules.is_empty() { "-".to_string() } else { v.rules.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",") };
+            let _ = writeln!(s, "args\t{}\t{}\t{}\t{rules}", v.id, v.args, v.ret.as_deref().unwrap_or("-"));
         }
         s
     }

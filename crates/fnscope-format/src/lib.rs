@@ -12,7 +12,7 @@
 mod events;
 mod image;
 
-pub use image::{FuncEntry, ImageTable, ModuleEntry, SkipEntry};
+pub use image::{FuncEntry, ImageTable, ModuleEntry, SkipEntry, ValuesEntry};
 
 use fnscope_abi::Record;
 use serde::{Deserialize, Serialize};
@@ -48,6 +48,10 @@ pub const KIND_END: u32 = 4;
 pub const KIND_COUNTS: u32 = 5;
 /// Chunk kind: per-function totals of one module over several runs (merged traces).
 pub const KIND_SUMMARY: u32 = 6;
+/// Chunk kind: the data units (arguments, return values, injections) of the calls of the
+/// EVENTS chunk that follows it. Readers that do not know it skip it and see the calls
+/// without their values.
+pub const KIND_CALLDATA: u32 = 7;
 
 /// The checksum stored in a chunk header (format version 2 on): CRC-32 (IEEE) of the header's
 /// first 8 bytes (kind and length, little-endian) followed by the payload, so that a changed
@@ -64,6 +68,8 @@ pub fn chunk_checksum(kind: u32, payload: &[u8]) -> u32 {
 const MAX_PAYLOAD: u32 = 1 << 30;
 /// Size of the fixed part of an EVENTS payload.
 const EVENTS_HEADER_SIZE: usize = 36;
+/// Size of a CALLDATA chunk's fixed header.
+const CALLDATA_HEADER_SIZE: usize = 20;
 /// Bytes before the zstd frame in a COUNTS payload: sid, pid, tid, count of counters.
 const COUNTS_HEADER_SIZE: usize = 16;
 
@@ -222,6 +228,47 @@ pub struct ThreadSegment {
     pub flags: u32,
     /// Calls in the order they returned (post-order).
     pub records: Vec<Record>,
+    /// The data units of those calls that have one (flag `REC_FLAG_DATA`), by record index,
+    /// in record order.
+    pub data: Vec<CallData>,
+}
+
+/// One call's data unit (see `fnscope_abi::data`): its header, entry words, return words.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallData {
+    /// Index of the call's record in its segment.
+    pub record: u32,
+    /// The unit's words.
+    pub words: Vec<u64>,
+}
+
+/// Separates the records a thread wrote into a chunk into call records and the data units of
+/// the calls that have one (each unit's data slots come right before its record). Data slots
+/// without the record they announce (the thread died between the two writes) are dropped.
+pub fn split_data(raw: &[Record]) -> (Vec<Record>, Vec<CallData>) {
+    let mut records = Vec::with_capacity(raw.len());
+    let mut data = Vec::new();
+    let mut pending: Vec<u64> = Vec::new();
+    let mut want = 0usize;
+    for r in raw {
+        if fnscope_abi::data::is_data_tag(r.id_depth) {
+            let n = (r.id_depth >> 32) as usize;
+            if n != want {
+                pending.clear();
+                want = n;
+            }
+            pending.extend([r.t_entry, r.t_exit]);
+            continue;
+        }
+        if r.flags() & fnscope_abi::REC_FLAG_DATA != 0 && want > 0 && pending.len() >= want {
+            pending.truncate(want);
+            data.push(CallData { record: records.len() as u32, words: std::mem::take(&mut pending) });
+        }
+        pending.clear();
+        want = 0;
+        records.push(*r);
+    }
+    (records, data)
 }
 
 /// One chunk of a trace file, decoded.
@@ -444,7 +491,11 @@ impl TraceWriter {
         lost: u64,
         flags: u32,
         records: &[Record],
+        data: &[CallData],
     ) -> Result<(), FormatError> {
+        if !data.is_empty() {
+            self.write_call_data(pid, tid, seq, data)?;
+        }
         let nrec = u32::try_from(records.len()).map_err(|_| FormatError::Io {
             action: "write",
             path: self.path.clone(),
@@ -472,6 +523,35 @@ impl TraceWriter {
             .compress_to_buffer(&self.columns, &mut cur)
             .map_err(io_err("compress records for", &self.path))?;
         self.chunk(KIND_EVENTS)
+    }
+
+    /// Writes a CALLDATA chunk: `u32 pid, u32 tid, u64 seq, u32 units`, then one zstd frame of
+    /// varints, per unit: record index minus the previous unit's (the first: the index),
+    /// number of words, the words.
+    fn write_call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &[CallData]) -> Result<(), FormatError> {
+        self.columns.clear();
+        let mut prev = 0u32;
+        for d in data {
+            events::put_varint(&mut self.columns, u64::from(d.record.wrapping_sub(prev)));
+            events::put_varint(&mut self.columns, d.words.len() as u64);
+            for &w in &d.words {
+                events::put_varint(&mut self.columns, w);
+            }
+            prev = d.record;
+        }
+        let p = &mut self.payload;
+        p.clear();
+        p.extend_from_slice(&pid.to_le_bytes());
+        p.extend_from_slice(&tid.to_le_bytes());
+        p.extend_from_slice(&seq.to_le_bytes());
+        p.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
+        let mut cur = io::Cursor::new(&mut self.payload);
+        cur.set_position(CALLDATA_HEADER_SIZE as u64);
+        self.zstd
+            .compress_to_buffer(&self.columns, &mut cur)
+            .map_err(io_err("compress call data for", &self.path))?;
+        self.chunk(KIND_CALLDATA)
     }
 
     /// Writes a COUNTS chunk.
@@ -555,6 +635,8 @@ pub struct TraceReader {
     payload: Vec<u8>,
     columns: Vec<u8>,
     unzstd: zstd::bulk::Decompressor<'static>,
+    /// The last CALLDATA chunk read: `(pid, tid, seq)` of the EVENTS chunk it belongs to.
+    pending_data: Option<((u32, u32, u64), Vec<CallData>)>,
 }
 
 /// Reads until `buf` is full or the input ends; returns how much was read.
@@ -634,6 +716,7 @@ impl TraceReader {
             payload: Vec::new(),
             columns: Vec::new(),
             unzstd,
+            pending_data: None,
         })
     }
 
@@ -716,7 +799,7 @@ impl TraceReader {
             return Err(self.corrupt(at, format!("chunk length {len} is impossibly large")));
         }
         let body = at + CHUNK_HEADER_SIZE;
-        if kind == KIND_EVENTS && self.skip_events {
+        if (kind == KIND_EVENTS || kind == KIND_CALLDATA) && self.skip_events {
             let end = body + len as u64;
             let size = self
                 .input
@@ -780,6 +863,10 @@ impl TraceReader {
             KIND_EVENTS => Chunk::Events(self.decode_events(at)?),
             KIND_COUNTS => Chunk::Counts(self.decode_counts(at)?),
             KIND_SUMMARY => Chunk::Summary(self.decode_summary(at)?),
+            KIND_CALLDATA => {
+                self.pending_data = Some(self.decode_call_data(at)?);
+                return Ok(None);
+            }
             _ => return Ok(None),
         };
         Ok(Some(chunk))
@@ -838,6 +925,7 @@ impl TraceReader {
             lost: le64(p, 24),
             flags: le32(p, 32),
             records: Vec::new(),
+            data: Vec::new(),
         };
         let nrec = le32(p, 20);
         let frame = &p[EVENTS_HEADER_SIZE..];
@@ -856,7 +944,52 @@ impl TraceReader {
         }
         events::decode_columns(&self.columns, nrec, &mut seg.records)
             .map_err(|what| self.corrupt(at, what))?;
+        if let Some((key, data)) = self.pending_data.take() {
+            if key == (seg.pid, seg.tid, seg.seq) {
+                if data.iter().any(|d| d.record >= nrec) {
+                    return Err(self.corrupt(at, "call data for a record the segment does not have"));
+                }
+                seg.data = data;
+            }
+        }
         Ok(seg)
+    }
+
+    fn decode_call_data(&mut self, at: u64) -> Result<((u32, u32, u64), Vec<CallData>), FormatError> {
+        let p = &self.payload;
+        if p.len() < CALLDATA_HEADER_SIZE {
+            return Err(self.corrupt(at, "CALLDATA chunk shorter than its header"));
+        }
+        let key = (le32(p, 0), le32(p, 4), le64(p, 8));
+        let units = le32(p, 16) as usize;
+        let frame = &p[CALLDATA_HEADER_SIZE..];
+        // A unit's words come from one shared-memory chunk: a few thousand at most.
+        let bound = units.saturating_mul(20 + 10 * 8192).min(1 << 26);
+        let bytes = match self.unzstd.decompress(frame, bound) {
+            Ok(b) => b,
+            Err(_) => return Err(self.corrupt(at, "call data does not decompress")),
+        };
+        let mut data = Vec::with_capacity(units.min(1 << 16));
+        let mut i = 0usize;
+        let mut record = 0u32;
+        for k in 0..units {
+            let bad = || self.corrupt(at, "damaged call data");
+            let delta = events::get_varint(&bytes, &mut i).ok_or_else(bad)?;
+            record = if k == 0 { delta as u32 } else { record.checked_add(u32::try_from(delta).map_err(|_| bad())?).filter(|_| delta > 0).ok_or_else(bad)? };
+            let n = events::get_varint(&bytes, &mut i).ok_or_else(bad)? as usize;
+            if n > bytes.len() - i {
+                return Err(bad());
+            }
+            let mut words = Vec::with_capacity(n);
+            for _ in 0..n {
+                words.push(events::get_varint(&bytes, &mut i).ok_or_else(bad)?);
+            }
+            data.push(CallData { record, words });
+        }
+        if i != bytes.len() {
+            return Err(self.corrupt(at, "damaged call data (trailing bytes)"));
+        }
+        Ok((key, data))
     }
 }
 

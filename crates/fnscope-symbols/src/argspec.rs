@@ -622,6 +622,158 @@ pub fn format_value(v: &Value, words: &[u64], at: &mut usize) -> Option<String> 
     Some(out)
 }
 
+/// What an injection rule does to the calls it selects.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InjectAction {
+    /// The function does not run: the caller gets `value` (in rax, and in xmm0 when `float`
+    /// is given), and `errno` is set when given.
+    Return {
+        /// The integer returned (the float's bits for a float value).
+        value: u64,
+        /// The value as a double, for functions returning floating point.
+        float: Option<f64>,
+        /// `errno` set before returning.
+        errno: Option<i32>,
+    },
+    /// The argument at `loc` is set to `value` before the function runs.
+    Argument {
+        /// Which argument: an integer register (`arg1`-`arg6`) or `fparg1`-`fparg8`.
+        loc: Loc,
+        /// The new value (a double's bits for a floating-point argument).
+        value: u64,
+    },
+}
+
+/// A condition on the calls an injection changes (all of a rule's must hold).
+#[derive(Clone, Debug, PartialEq)]
+pub enum When {
+    /// Every N-th call: the N-th, the 2N-th...
+    Nth(u64),
+    /// The first N calls.
+    First(u64),
+    /// Every call after the first N.
+    After(u64),
+    /// Each call with this probability, drawn from the rule's seed and the call's number
+    /// (the same calls on every run with the same seed and call order).
+    Prob(f64),
+    /// Only calls whose argument at this location (integer register or stack slot) has this
+    /// value; calls counted by the other conditions are those that pass this one.
+    ArgEq(Loc, u64),
+}
+
+/// One `--inject` rule: `FUNC=ret:VALUE[,errno:E][,when:COND]...[,seed:S]` or
+/// `FUNC@argN=VALUE[,when:COND]...`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InjectRule {
+    /// Glob on the function's raw or demangled name.
+    pub pattern: String,
+    /// What it does.
+    pub action: InjectAction,
+    /// Which calls (all must hold; none: every call).
+    pub when: Vec<When>,
+    /// Seed of `when:prob=`.
+    pub seed: u64,
+}
+
+fn parse_number(s: &str) -> Option<(u64, Option<f64>)> {
+    let s = s.trim();
+    if s == "NULL" {
+        return Some((0, None));
+    }
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        return u64::from_str_radix(h, 16).ok().map(|v| (v, None));
+    }
+    if let Ok(v) = s.parse::<i64>() {
+        return Some((v as u64, None));
+    }
+    if let Ok(v) = s.parse::<u64>() {
+        return Some((v, None));
+    }
+    s.parse::<f64>().ok().filter(|_| s.contains(['.', 'e', 'E']) || s.contains("inf") || s.contains("nan")).map(|f| (f.to_bits(), Some(f)))
+}
+
+/// `errno` values by name, for `errno:NAME`.
+const ERRNO_NAMES: [(&str, i32); 16] = [
+    ("EPERM", 1), ("ENOENT", 2), ("EINTR", 4), ("EIO", 5), ("EBADF", 9), ("EAGAIN", 11), ("ENOMEM", 12),
+    ("EACCES", 13), ("EFAULT", 14), ("EBUSY", 16), ("EEXIST", 17), ("ENOTDIR", 20), ("EISDIR", 21),
+    ("EINVAL", 22), ("EMFILE", 24), ("ENOSPC", 28),
+];
+
+impl InjectRule {
+    /// Parses a rule; the error says what is wrong and what the syntax is.
+    pub fn parse(text: &str) -> Result<InjectRule, String> {
+        const SYNTAX: &str = "FUNC=ret:VALUE[,errno:E][,when:COND][,seed:S] or FUNC@argN=VALUE[,when:COND] (COND: nth=N, first=N, after=N, prob=P, argN=V)";
+        let mut parts = text.split(',');
+        let head = parts.next().unwrap_or("");
+        let (target, value) = head.split_once('=').ok_or_else(|| format!("`{text}`: expected {SYNTAX}"))?;
+        let (pattern, arg) = match target.split_once('@') {
+            Some((f, a)) => (f, Some(a)),
+            None => (target, None),
+        };
+        if pattern.is_empty() {
+            return Err(format!("`{text}`: no function named before `=`; expected {SYNTAX}"));
+        }
+        let mut errno = None;
+        let mut when = Vec::new();
+        let mut seed = 1;
+        for p in parts {
+            let (k, v) = p.split_once(':').ok_or_else(|| format!("`{p}` in `{text}`: expected errno:E, when:COND or seed:S"))?;
+            match k {
+                "errno" => {
+                    let e = ERRNO_NAMES.iter().find(|(n, _)| *n == v).map(|&(_, e)| e).or_else(|| v.parse::<i32>().ok().filter(|&e| e > 0));
+                    errno = Some(e.ok_or_else(|| format!("`{v}` in `{text}`: not an errno (a positive number or a name such as ENOENT, EIO, ENOMEM)"))?);
+                }
+                "seed" => seed = v.parse().map_err(|_| format!("`{v}` in `{text}`: the seed is a whole number"))?,
+                "when" => {
+                    let (c, n) = v.split_once('=').ok_or_else(|| format!("`{v}` in `{text}`: expected nth=N, first=N, after=N, prob=P or argN=V"))?;
+                    let count = || n.parse::<u64>().map_err(|_| format!("`{n}` in `{text}`: expected a whole number"));
+                    when.push(match c {
+                        "nth" => When::Nth(count()?.max(1)),
+                        "first" => When::First(count()?),
+                        "after" => When::After(count()?),
+                        "prob" => When::Prob(n.parse::<f64>().ok().filter(|p| (0.0..=1.0).contains(p)).ok_or_else(|| format!("`{n}` in `{text}`: the probability is between 0 and 1"))?),
+                        _ => {
+                            let loc = parse_loc(c).filter(|l| matches!(l, Loc::Int(_) | Loc::Stack(_))).ok_or_else(|| format!("`{c}` in `{text}`: a condition on an argument names an integer argument (arg1, arg2...)"))?;
+                            let (v, _) = parse_number(n).ok_or_else(|| format!("`{n}` in `{text}`: not a number"))?;
+                            When::ArgEq(loc, v)
+                        }
+                    });
+                }
+                _ => return Err(format!("`{k}` in `{text}`: expected errno:E, when:COND or seed:S")),
+            }
+        }
+        let action = match arg {
+            None => {
+                let v = value.strip_prefix("ret:").ok_or_else(|| format!("`{text}`: expected {SYNTAX}"))?;
+                let (value, float) = parse_number(v).ok_or_else(|| format!("`{v}` in `{text}`: not a number (decimal, 0x hex, a float, or NULL)"))?;
+                InjectAction::Return { value, float, errno }
+            }
+            Some(a) => {
+                if errno.is_some() {
+                    return Err(format!("`{text}`: errno: goes with ret:, not with an argument change"));
+                }
+                let loc = parse_loc(a).filter(|l| matches!(l, Loc::Int(_) | Loc::Float(_))).ok_or_else(|| format!("`{a}` in `{text}`: an argument change names arg1-arg6 or fparg1-fparg8"))?;
+                let (mut v, f) = parse_number(value).ok_or_else(|| format!("`{value}` in `{text}`: not a number"))?;
+                if let (Loc::Float(_), None) = (loc, f) {
+                    v = (v as i64 as f64).to_bits();
+                }
+                InjectAction::Argument { loc, value: v }
+            }
+        };
+        Ok(InjectRule { pattern: pattern.to_string(), action, when, seed })
+    }
+}
+
+/// The `n`-th draw (from 0) of a rule with `seed`, uniform in [0, 1): splitmix64, so that the
+/// same calls are chosen on every run.
+pub fn draw(seed: u64, n: u64) -> f64 {
+    let mut z = seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -691,5 +843,26 @@ mod tests {
         let big = RetSpec::parse("i128").unwrap();
         let RetSpec::Value(v) = big else { panic!() };
         assert_eq!(format_value(&v, &[u64::MAX, u64::MAX], &mut 0).unwrap(), "-1");
+    }
+
+    #[test]
+    fn injection_rules_parse() {
+        let r = InjectRule::parse("malloc=ret:0,when:nth=100").unwrap();
+        assert_eq!(r.pattern, "malloc");
+        assert_eq!(r.action, InjectAction::Return { value: 0, float: None, errno: None });
+        assert_eq!(r.when, [When::Nth(100)]);
+        let r = InjectRule::parse("open=ret:-1,errno:ENOENT,when:first=2,when:arg2=0x41").unwrap();
+        assert_eq!(r.action, InjectAction::Return { value: u64::MAX, float: None, errno: Some(2) });
+        assert_eq!(r.when, [When::First(2), When::ArgEq(Loc::Int(1), 0x41)]);
+        let r = InjectRule::parse("scale@fparg1=2.5,when:prob=0.5,seed:7").unwrap();
+        assert_eq!(r.action, InjectAction::Argument { loc: Loc::Float(0), value: 2.5f64.to_bits() });
+        assert_eq!((r.seed, &r.when[..]), (7, &[When::Prob(0.5)][..]));
+        for (bad, why) in [("malloc", "expected"), ("=ret:0", "no function"), ("f=ret:x", "not a number"), ("f=ret:0,errno:EWHAT", "not an errno"), ("f@arg9=1", "argument change"), ("f=ret:0,when:prob=2", "between 0 and 1"), ("f@arg1=1,errno:5", "goes with ret:")] {
+            let e = InjectRule::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let hits = (0..10_000).filter(|&n| draw(7, n) < 0.25).count();
+        assert!((2_200..2_800).contains(&hits), "{hits}");
+        assert_eq!(draw(7, 5), draw(7, 5));
     }
 }
