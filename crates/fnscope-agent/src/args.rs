@@ -374,39 +374,33 @@ fn copy_string(ptr: u64, out: &mut [u64]) -> usize {
         out[0] = 0;
         return 1;
     }
-    let mut buf = [0u8; STRING_BOUND];
+    // One byte past the bound tells a string of exactly the bound from a longer one.
+    let mut buf = [0u8; STRING_BOUND + 1];
     let mut got = 0usize;
-    let mut status = 0u64;
     // Page by page: a string that ends just before an unmapped page is still read whole.
-    while got < STRING_BOUND {
+    while got < buf.len() {
         let at = ptr + got as u64;
         let page_left = 4096 - (at & 4095) as usize;
-        let n = page_left.min(STRING_BOUND - got);
-        if sys::read_own_memory(at, &mut buf[got..got + n]) != n {
+        let n = page_left.min(buf.len() - got);
+        let read = sys::read_own_memory(at, &mut buf[got..got + n]);
+        if let Some(z) = buf[got..got + read].iter().position(|&b| b == 0) {
+            return finish_string(&buf, got + z, (got + z) as u64, out);
+        }
+        got += read;
+        if read < n {
             if got == 0 {
-                status = argspec::STR_BAD;
+                return finish_string(&buf, 0, argspec::STR_BAD, out);
             }
             break;
         }
-        if let Some(z) = buf[got..got + n].iter().position(|&b| b == 0) {
-            got += z;
-            status |= got as u64;
-            return finish_string(&buf, got, status, out);
-        }
-        got += n;
     }
-    if status & argspec::STR_BAD == 0 {
-        status |= got as u64;
-        if got == STRING_BOUND {
-            status |= argspec::STR_TRUNCATED;
-        }
-    }
-    finish_string(&buf, got, status, out)
+    let len = got.min(STRING_BOUND);
+    finish_string(&buf, len, len as u64 | argspec::STR_TRUNCATED, out)
 }
 
+/// Writes the status word and the bytes; returns the words written.
 fn finish_string(buf: &[u8], len: usize, status: u64, out: &mut [u64]) -> usize {
-    let len = if status & argspec::STR_BAD != 0 { 0 } else { len };
-    out[0] = status | (if status & argspec::STR_BAD != 0 { 0 } else { len as u64 });
+    out[0] = status;
     let words = len.div_ceil(8);
     for (k, w) in out[1..1 + words].iter_mut().enumerate() {
         let mut b = [0u8; 8];

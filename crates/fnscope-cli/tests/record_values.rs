@@ -1,0 +1,164 @@
+//! Arguments, return values and injections (`record -A`, `-R`, `--args auto`, `--inject`),
+//! on tests/programs/values.c, whose functions print their own arguments and return values
+//! in fnscope's notation (`CALL name(args) = ret`): those lines are the oracle.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn build(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/values.c");
+    let exe = dir.join("values");
+    let st = Command::new("gcc").args(["-O1", "-g", "-o"]).arg(&exe).arg(&src).status().expect("cannot run gcc");
+    assert!(st.success(), "gcc values.c failed");
+    exe
+}
+
+/// Records `exe` with `opts`; checks the program's output and exit status are those of a
+/// native run, and returns the program's output.
+fn record(dir: &Path, trace: &str, opts: &[&str], exe: &Path) -> (PathBuf, String) {
+    let out = dir.join(trace);
+    let mut cmd = Command::new(fnscope());
+    cmd.arg("record").arg("-o").arg(&out).args(opts).arg("--").arg(exe);
+    let r = run(&mut cmd, b"", Duration::from_secs(120));
+    assert_eq!(r.code, 0, "record failed: {}", clip(&r.stderr));
+    (out, r.stdout)
+}
+
+fn replay(trace: &Path, format: &str) -> String {
+    let r = fnscope_cmd(&["replay", "-i", path_str(trace), "--format", format]);
+    assert_eq!(r.code, 0, "replay: {}", clip(&r.stderr));
+    r.stdout
+}
+
+/// `name(args) = ret` of each call in a replay tree.
+fn replayed_calls(tree: &str) -> Vec<String> {
+    tree.lines()
+        .filter_map(|l| l.split_once("| ").map(|(_, c)| c.trim()))
+        .filter_map(|c| c.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn oracle(stdout: &str, names: &[&str]) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("CALL "))
+        .filter(|c| names.iter().any(|n| c.starts_with(&format!("{n}("))))
+        .map(str::to_string)
+        .collect()
+}
+
+const SPECS: [&str; 12] = [
+    "-A", "add3@arg1/i32,arg2/i32,arg3/i32", "-R", "add3@i32",
+    "-A", "widths@arg1/i8,arg2/u8,arg3/i16,arg4/u16,arg5/i32,arg6/u64", "-R", "widths@i64",
+    "-A", "slen@arg1/s", "-R", "slen@u64",
+];
+
+#[test]
+fn values_are_those_the_functions_print() {
+    let dir = TempDir::new("values-exact");
+    let exe = build(dir.path());
+    let native = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
+    let mut opts: Vec<&str> = SPECS.to_vec();
+    opts.extend(["-A", "scale@fparg1/f64,fparg2/f32", "-R", "scale@f64", "-A", "many@arg1,arg2,arg3,arg4,arg5,arg6,arg7,arg8", "-R", "many", "-A", "mkpt@arg1/i32,arg2/i32", "-R", "mkpt@{rax/i32:x,rax+4/i32:y}"]);
+    let (trace, out) = record(dir.path(), "t", &opts, &exe);
+    assert_eq!(out, native.stdout, "tracing changed the program's output");
+    let want = oracle(&out, &["add3", "widths", "slen", "scale", "many", "mkpt"]);
+    assert_eq!(want.len(), 12, "the program printed: {out}");
+    let got = replayed_calls(&replay(&trace, "tree"));
+    assert_eq!(got.iter().filter(|c| !c.starts_with("limit")).cloned().collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn dwarf_gives_what_an_explicit_spec_gives() {
+    let dir = TempDir::new("values-dwarf");
+    let exe = build(dir.path());
+    let (explicit, out) = record(dir.path(), "explicit", &SPECS, &exe);
+    let (dwarf, _) = record(dir.path(), "dwarf", &["-A", "add3", "-R", "add3", "-A", "widths", "-R", "widths", "-A", "slen", "-R", "slen"], &exe);
+    let (auto, _) = record(dir.path(), "auto", &["--args", "auto"], &exe);
+    let calls = |t: &Path| replayed_calls(&replay(t, "tree")).into_iter().filter(|c| ["add3(", "widths(", "slen("].iter().any(|p| c.starts_with(p))).collect::<Vec<_>>();
+    let want = oracle(&out, &["add3", "widths", "slen"]);
+    assert_eq!(calls(&explicit), want);
+    assert_eq!(calls(&dwarf), want);
+    assert_eq!(calls(&auto), want);
+    // DWARF knows the struct's fields and that `scale` returns a double.
+    let all = replayed_calls(&replay(&auto, "tree"));
+    assert!(all.contains(&"mkpt(3, -4) = {x=3, y=-4}".to_string()), "{all:?}");
+    assert!(all.contains(&"scale(-0.25, 8) = -2".to_string()), "{all:?}");
+}
+
+#[test]
+fn lines_format_is_technique_a() {
+    let dir = TempDir::new("values-lines");
+    let exe = build(dir.path());
+    let (trace, _) = record(dir.path(), "t", &["-A", "add3@arg1/i32,arg2/i32,arg3/i32", "-R", "add3", "-R", "main@void"], &exe);
+    let lines = replay(&trace, "lines");
+    let shape = |l: &str, tail: &str| -> bool {
+        let Some((head, rest)) = l.split_once('[') else { return false };
+        let Some((clock, event)) = rest.split_once(']') else { return false };
+        let Some((sec, ns)) = clock.split_once(',') else { return false };
+        head.parse::<u64>().is_ok() && sec.parse::<u64>().is_ok() && ns.len() <= 9 && ns.parse::<u64>().is_ok() && event == tail
+    };
+    assert!(lines.lines().any(|l| shape(l, "enter:add3args:(1, -2, 300)")), "{lines}");
+    assert!(lines.lines().any(|l| shape(l, "leave:add3ret:299")), "{lines}");
+    // `void` on main: replay shows no value, the line still carries the raw rax (0, main's
+    // return value), as technique A prints it for every function.
+    assert!(lines.lines().any(|l| shape(l, "leave:mainret:0")), "{lines}");
+    let tree = replay(&trace, "tree");
+    assert!(tree.lines().any(|l| l.ends_with("} /* main */")), "{tree}");
+}
+
+#[test]
+fn injections_change_calls_and_are_recorded() {
+    let dir = TempDir::new("values-inject");
+    let exe = build(dir.path());
+    let (trace, out) = record(
+        dir.path(),
+        "t",
+        &["--lib", "libc.so", "--filter", "main", "--filter", "open", "--filter", "limit", "--inject", "open=ret:-1,errno:ENOENT,when:nth=2", "--inject", "limit@arg1=21", "-R", "limit"],
+        &exe,
+    );
+    assert!(out.contains("OPEN 0 ok\nOPEN 1 failed: No such file or directory\nOPEN 2 ok\n"), "{out}");
+    assert!(out.contains("CALL limit(21) = 42\nlimit returned 42\n"), "{out}");
+    let tree = replay(&trace, "tree");
+    let injected: Vec<&str> = tree.lines().filter(|l| l.contains("/* injected: ")).collect();
+    assert_eq!(injected.len(), 2, "{tree}");
+    assert!(injected[0].contains("open();"), "{tree}");
+    assert!(injected[0].contains("injected: open=ret:-1,errno:2,when:nth=2"), "{tree}");
+    assert!(injected[1].contains("limit() = 42;") && injected[1].contains("injected: limit@arg1=21"), "{tree}");
+}
+
+#[test]
+fn sqlite3_reports_out_of_memory_when_malloc_fails() {
+    let sqlite = find_in_path("sqlite3").expect("sqlite3 is missing: .ci/run installs it");
+    let dir = TempDir::new("values-sqlite");
+    let sql = b"create table t(a); insert into t values(1); select * from t;\n";
+    let native = run(&mut Command::new(&sqlite).arg(":memory:"), sql, Duration::from_secs(30));
+    assert_eq!((native.code, native.stdout.as_str()), (0, "1\n"));
+    let trace = dir.path().join("t");
+    let mut cmd = Command::new(fnscope());
+    cmd.args(["record", "-o"]).arg(&trace).args(["--lib", "libc.so", "--filter", "malloc", "--inject", "malloc=ret:0,when:nth=200", "--"]).arg(&sqlite).arg(":memory:");
+    let r = run(&mut cmd, sql, Duration::from_secs(60));
+    assert_ne!(r.code, 0, "{}", clip(&r.stderr));
+    assert!(program_stderr(&r.stderr).contains("out of memory"), "{}", clip(&r.stderr));
+    // The 200th call of malloc, and no other before it, returned NULL.
+    let tree = replay(&trace, "tree");
+    let mallocs: Vec<&str> = tree.lines().filter(|l| l.contains("| malloc()")).collect();
+    let first = mallocs.iter().position(|l| l.ends_with("/* injected: malloc=ret:0,when:nth=200 */"));
+    assert_eq!(first, Some(199), "{}", clip(&tree));
+}
+
+#[test]
+fn bad_specs_and_count_mode_are_refused() {
+    let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "-A", "f@arg1/q", "--", "true"]);
+    assert_one_line_error(&r, "unknown type");
+    let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "--inject", "f=ret:x", "--", "true"]);
+    assert_one_line_error(&r, "not a number");
+    let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "--mode", "count", "-A", "f", "--", "true"]);
+    assert_one_line_error(&r, "timing mode");
+}
