@@ -6,9 +6,11 @@
 Builds bench/workloads/fib_timed.c (fib(32), 7,049,155 calls, the recursion timed by the
 program itself) and runs it natively, under `fnscope record` (timing), with
 `--min-duration 1ns` (every call kept: the exit stub's extra test is all that is added) and
-with `--flight`, the configurations interleaved round by round. Prints the median, least and
-most ns per call of each, and one `rdtsc`'s cost (bench/tools/rdtsc_cost.c): two of them per
-call are the floor of timing mode.
+with `--flight`; and bench/workloads/fib3_timed.c (the same recursion with three integer
+arguments) timed plainly and with its three arguments and return value recorded (`-A`,
+`-R`). The configurations are interleaved round by round. Prints the median, least and most
+ns per call of each, and one `rdtsc`'s cost (bench/tools/rdtsc_cost.c): two of them per call
+are the floor of timing mode.
 """
 import argparse
 import os
@@ -33,19 +35,25 @@ def main():
     wl = os.path.join(ROOT, "bench/workloads")
     fib = os.path.join(tmp, "fib_timed")
     subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib, os.path.join(wl, "fib_timed.c")], check=True)
+    fib3 = os.path.join(tmp, "fib3_timed")
+    subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib3, os.path.join(wl, "fib3_timed.c")], check=True)
     rdtsc = os.path.join(tmp, "rdtsc_cost")
     subprocess.run(["gcc", "-O2", "-o", rdtsc, os.path.join(ROOT, "bench/tools/rdtsc_cost.c")], check=True)
     trace = os.path.join(tmp, "trace")
+    values = ["-A", "fib3@arg1/i64,arg2/i32,arg3/i32", "-R", "fib3@i64"]
     configs = {
-        "native": None,
-        "timing": [],
-        "--min-duration 1ns": ["--min-duration", "1ns"],
-        "--flight": ["--flight"],
+        "native": (fib, None),
+        "timing": (fib, []),
+        "--min-duration 1ns": (fib, ["--min-duration", "1ns"]),
+        "--flight": (fib, ["--flight"]),
+        "fib3 native": (fib3, None),
+        "fib3 timing": (fib3, []),
+        "fib3 -A (3 args) -R": (fib3, values),
     }
     got = {k: [] for k in configs}
     for r in range(args.runs):
-        for name, opts in configs.items():
-            cmd = [fib] if opts is None else [fnscope, "record", "-o", trace] + opts + args.extra + ["--", fib]
+        for name, (prog, opts) in configs.items():
+            cmd = [prog] if opts is None else [fnscope, "record", "-o", trace] + opts + args.extra + ["--", prog]
             out = subprocess.run(cmd, capture_output=True, text=True).stdout
             m = re.search(r"ns/call=([0-9.]+)", out)
             if not m:
@@ -53,11 +61,11 @@ def main():
             got[name].append(float(m.group(1)))
         print(f"round {r + 1}/{args.runs}", file=sys.stderr)
     print(subprocess.run([rdtsc], capture_output=True, text=True).stdout.strip())
-    timing = statistics.median(got["timing"])
-    print(f"| recording | median ns/call | least | most | vs timing |")
+    print(f"| recording | median ns/call | least | most | vs timing of the same program |")
     print(f"|---|---|---|---|---|")
     for name, v in got.items():
         med = statistics.median(v)
+        timing = statistics.median(got["fib3 timing" if name.startswith("fib3") else "timing"])
         print(f"| {name} | {med:.2f} | {min(v):.2f} | {max(v):.2f} | {med / timing:.2f}x |")
 
 

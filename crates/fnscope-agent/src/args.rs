@@ -598,15 +598,25 @@ extern "C" fn fnscope_args_exit(st: *mut ThreadState, entry: u64, t_exit: u64, g
     }
 }
 
-/// The exit stub reserved slots `[start, end)` that run past its chunk: they become data
-/// slots of no call (readers drop them), so that the chunk holds no empty slot.
+/// The exit stub reserved slots `[start, end)` that run past its chunk: those inside the
+/// chunk become data slots of no call (readers drop them), so that the chunk holds no empty
+/// slot. The chunk is the thread's current one, or the one before it when a signal handler
+/// swapped chunks in between (it is published only at the next swap); anything else (the
+/// thread is finishing) is left alone.
 #[no_mangle]
-extern "C" fn fnscope_args_pad(_st: *mut ThreadState, start: u64, end: u64) {
-    let Some(limit) = crate::region::record_end_of(start) else { return };
+extern "C" fn fnscope_args_pad(st: *mut ThreadState, start: u64, end: u64) {
+    let area = |c: *mut fnscope_abi::ChunkHeader| -> Option<(u64, u64)> {
+        let lo = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
+        (!c.is_null()).then(|| (lo, lo + (crate::region::capacity() * fnscope_abi::RECORD_SIZE) as u64))
+    };
+    // SAFETY: the exit stub passes this thread's state; the chunks it names are this
+    // thread's, unpublished.
+    let (chunk, prev) = unsafe { ((*st).chunk, (*st).prev_chunk) };
+    let Some((_, limit)) = [area(chunk), area(prev)].into_iter().flatten().find(|&(lo, hi)| start >= lo && start < hi) else { return };
     let mut p = start;
     while p + fnscope_abi::RECORD_SIZE as u64 <= end.min(limit) {
-        // SAFETY: `[start, limit)` lies in the record area of the chunk this thread reserved
-        // the slots in, which is not published before this returns (see `refill`).
+        // SAFETY: `[start, limit)` lies in the record area of a chunk of this thread that is
+        // not published yet.
         unsafe {
             let r = p as *mut fnscope_abi::Record;
             core::ptr::write_volatile(core::ptr::addr_of_mut!((*r).id_depth), data::tag(1));

@@ -325,20 +325,6 @@ pub unsafe fn publish(c: *mut ChunkHeader, nrec: u32, flags: u32) {
     state_of(c).store(CHUNK_FULL, Ordering::Release);
 }
 
-/// End of the record area of the region's chunk that holds `addr`, if a chunk does (not a
-/// private scratch chunk).
-pub fn record_end_of(addr: u64) -> Option<u64> {
-    let base = BASE.load(Ordering::Acquire);
-    let size = CHUNK_SIZE.load(Ordering::Relaxed) as u64;
-    let first = base + fnscope_abi::REGION_HEADER_SIZE as u64;
-    let n = NCHUNKS.load(Ordering::Relaxed) as u64;
-    if base == 0 || size == 0 || addr < first || addr >= first + n * size {
-        return None;
-    }
-    let chunk = first + (addr - first) / size * size;
-    Some(chunk + fnscope_abi::CHUNK_HEADER_SIZE as u64 + (capacity() * fnscope_abi::RECORD_SIZE) as u64)
-}
-
 /// Adds to the region-wide count of dropped records.
 pub fn add_lost(n: u64) {
     if attached() && n > 0 {
