@@ -61,6 +61,8 @@ pub struct Info {
     pub truncated: bool,
     /// Problems the user should know about.
     pub warnings: Vec<String>,
+    /// Each injection rule (`record --inject`) with the number of calls it changed.
+    pub injections: Vec<(String, u64)>,
 }
 
 /// Summarises a trace in one streaming pass.
@@ -104,7 +106,19 @@ pub fn info(path: &Path) -> Result<Info, AnalysisError> {
     }
     let counted: u64 = trace.counts.iter().flat_map(|c| &c.counts).sum();
     let summed: u64 = summarised.map(|f| f.calls).sum();
+    // The same rules in every process of a recording: summed by their text.
+    let mut injections: Vec<(String, u64)> = Vec::new();
+    for t in trace.images.values() {
+        for (k, text) in &t.injections {
+            let n = trace.injected.get(&(t.sid, *k)).copied().unwrap_or(0);
+            match injections.iter_mut().find(|(r, _)| r == text) {
+                Some(e) => e.1 += n,
+                None => injections.push((text.clone(), n)),
+            }
+        }
+    }
     Ok(Info {
+        injections,
         processes: processes.into_iter().collect(),
         functions_hooked,
         runs: trace.runs.clone(),
@@ -196,6 +210,9 @@ pub fn render_info_text(i: &Info) -> String {
         }
     );
     let _ = writeln!(o, "functions hooked: {}", i.functions_hooked);
+    for (rule, n) in &i.injections {
+        let _ = writeln!(o, "injection:        {rule}: {n} calls changed");
+    }
     let skipped: u64 = i.skipped_by_reason.values().sum();
     let _ = writeln!(o, "functions skipped: {skipped}");
     for (reason, n) in &i.skipped_by_reason {

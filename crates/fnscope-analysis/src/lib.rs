@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+mod by_value;
 mod calls;
 mod coverage;
 mod coverage_html;
@@ -35,6 +36,7 @@ pub use pdb::{pdb_functions, PdbFunction};
 pub use profile::{add_function, combine, function_key_texts, load_all, settle_calls_min, Profile, MODE_MERGED};
 pub use replay::{replay_lines, replay_tree};
 pub use values::{CallValues, Injection};
+pub use by_value::{render_by_value_text, report_by_value, GroupBy, ValueGroup};
 pub use spill::{get as get_varint, put as put_varint};
 pub use report::{
     by_module, render_by_module_text, render_report_text, report, report_by_module_json,
@@ -125,6 +127,8 @@ pub struct Trace {
     pub counts: Vec<CountsSegment>,
     /// Per-module totals of a merged trace.
     pub summaries: Vec<ModuleSummary>,
+    /// Calls changed by each injection rule (`record --inject`), by image and rule index.
+    pub injected: BTreeMap<(u32, u32), u64>,
     /// The runs a merged trace was made of (empty for a recorded trace).
     pub runs: Vec<RunInfo>,
 }
@@ -220,6 +224,12 @@ fn pass(
             Ok(Some(Chunk::Events(seg))) => {
                 t.segments_read += 1;
                 t.records += seg.records.len() as u64;
+                for d in &seg.data {
+                    let head = d.words.first().copied().unwrap_or(0);
+                    if (head >> fnscope_abi::data::INJECT_SHIFT) & 0xff != 0 {
+                        *t.injected.entry((seg.image_sid, (head >> fnscope_abi::data::RULE_SHIFT) as u32)).or_default() += 1;
+                    }
+                }
                 if seg.lost > 0 {
                     *t.lost_by_thread.entry((seg.pid, seg.tid)).or_default() += seg.lost;
                 }

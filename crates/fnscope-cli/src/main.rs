@@ -162,6 +162,13 @@ enum Command {
         /// Match functions of different builds of a module by name.
         #[arg(long)]
         match_by_name: bool,
+        /// Group each function's calls by its N-th recorded argument (`record -A`): calls,
+        /// total, average and longest time per value; with --top, the first values of each.
+        #[arg(long, value_name = "N", conflicts_with_all = ["by_ret", "threads", "match_by_name", "sort"])]
+        by_arg: Option<usize>,
+        /// Group each function's calls by its recorded return value (`record -R`).
+        #[arg(long, conflicts_with_all = ["threads", "match_by_name", "sort"])]
+        by_ret: bool,
     },
     /// Combine runs into one merged trace: per function, calls summed (and fewest/most in
     /// one run), times summed over the timed runs.
@@ -456,7 +463,20 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Report { input, sort, top, by, threads, json, match_by_name } => {
+        Command::Report { input, sort, top, by, threads, json, match_by_name, by_arg, by_ret } => {
+            let group = match (by_arg, by_ret) {
+                (Some(0), _) => bail!("--by-arg counts arguments from 1"),
+                (Some(n), _) => Some(fnscope_analysis::GroupBy::Arg(n)),
+                (None, true) => Some(fnscope_analysis::GroupBy::Ret),
+                (None, false) => None,
+            };
+            if let Some(g) = group {
+                let [one] = &input[..] else { bail!("--by-arg and --by-ret read one recorded trace") };
+                let (groups, warnings) = fnscope_analysis::report_by_value(one, g)?;
+                warn(&warnings);
+                let text = if json { pretty(&serde_json::to_value(&groups)?)? } else { fnscope_analysis::render_by_value_text(&groups, g, top) };
+                return print_out(&text);
+            }
             let r = if input.len() == 1 {
                 fnscope_analysis::report(&input[0], threads)?
             } else {

@@ -131,6 +131,32 @@ fn injections_change_calls_and_are_recorded() {
     assert!(injected[0].contains("open();"), "{tree}");
     assert!(injected[0].contains("injected: open=ret:-1,errno:2,when:nth=2"), "{tree}");
     assert!(injected[1].contains("limit() = 42;") && injected[1].contains("injected: limit@arg1=21"), "{tree}");
+    let info = info(&trace);
+    assert!(info.contains("injection:        open=ret:-1,errno:2,when:nth=2: 1 calls changed"), "{info}");
+    assert!(info.contains("injection:        limit@arg1=21: 1 calls changed"), "{info}");
+}
+
+#[test]
+fn report_groups_calls_by_a_value() {
+    let dir = TempDir::new("values-by");
+    let exe = build(dir.path());
+    let (trace, _) = record(dir.path(), "t", &["-A", "slen@arg1/s", "-R", "slen@u64"], &exe);
+    let rows = |opts: &[&str]| -> Vec<(u64, String)> {
+        let mut args = vec!["report", "-i", path_str(&trace)];
+        args.extend(opts);
+        let r = fnscope_cmd(&args);
+        assert_eq!(r.code, 0, "{}", clip(&r.stderr));
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("JSON");
+        let mut rows: Vec<(u64, String)> = v.as_array().expect("array").iter().map(|g| (g["calls"].as_u64().unwrap(), g["value"].as_str().unwrap().to_string())).collect();
+        rows.sort();
+        rows
+    };
+    // slen is called with six different strings, and returns 0 twice (NULL, a bad pointer).
+    let by_arg = rows(&["--by-arg", "1", "--json"]);
+    assert_eq!(by_arg.len(), 6, "{by_arg:?}");
+    assert!(by_arg.iter().all(|(n, _)| *n == 1) && by_arg.iter().any(|(_, v)| v == "\"abc\""), "{by_arg:?}");
+    let by_ret = rows(&["--by-ret", "--json"]);
+    assert_eq!(by_ret, [(1, "12".to_string()), (1, "3".to_string()), (1, "64".to_string()), (1, "69".to_string()), (2, "0".to_string())]);
 }
 
 #[test]
