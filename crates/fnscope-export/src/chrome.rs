@@ -176,6 +176,18 @@ impl Writer {
         if c.ending != Ending::Returned {
             let _ = write!(b, ",\"ending\":\"{}\"", c.ending.as_str());
         }
+        if let Some(v) = cx.values(&c) {
+            for (k, (name, value)) in v.args.iter().enumerate() {
+                let key = name.clone().unwrap_or_else(|| format!("arg{}", k + 1));
+                let _ = write!(b, ",{}:{}", json(&key), json(value));
+            }
+            if let Some(r) = &v.ret {
+                let _ = write!(b, ",\"return\":{}", json(r));
+            }
+            if let Some(i) = &v.injection {
+                let _ = write!(b, ",\"injected\":{}", json(i.rule()));
+            }
+        }
         b.extend_from_slice(b"}}");
         let r = self.write_event(&b);
         self.buf = b;
