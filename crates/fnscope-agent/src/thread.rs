@@ -505,6 +505,8 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
         core::ptr::copy_nonoverlapping(from, to, 1);
         (*to).slot = slot;
         (*to).fork_slot = fork_slot;
+        // The args stack moves with the state: `from` is freed without it.
+        (*from).args_base = 0;
         let (old, new) = ((*from).ss_base, (*to).ss_base_of());
         let used = ((*from).ss_top - old) as usize;
         core::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, used);

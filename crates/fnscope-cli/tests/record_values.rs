@@ -188,3 +188,56 @@ fn bad_specs_and_count_mode_are_refused() {
     let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "--mode", "count", "-A", "f", "--", "true"]);
     assert_one_line_error(&r, "timing mode");
 }
+
+#[test]
+fn values_survive_fork_threads_and_deep_recursion() {
+    let dir = TempDir::new("values-fork");
+    let exe = compile_c_text(
+        dir.path(),
+        "forks",
+        r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+__attribute__((noinline, noipa)) long work(long k) { return 2 * k; }
+__attribute__((noinline, noipa)) long deep(long n) { return n == 0 ? 0 : 1 + deep(n - 1); }
+static void *run(void *arg) {
+    long base = (long)arg, s = 0;
+    for (long i = 0; i < 1000; i++) s += work(base + i);
+    return (void *)s;
+}
+int main(void) {
+    long s = work(1);
+    pid_t p = fork();
+    if (p == 0) { s += work(2); _exit(s == 6 ? 0 : 1); }
+    int st = 0;
+    waitpid(p, &st, 0);
+    s += work(3);
+    pthread_t t[4];
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, run, (void *)(i * 10000));
+    for (int i = 0; i < 4; i++) pthread_join(t[i], 0);
+    s += deep(5000);
+    printf("%ld %d\n", s, WEXITSTATUS(st));
+    return 0;
+}
+"#,
+    );
+    let native = run(&mut Command::new(&exe), b"", Duration::from_secs(30));
+    let (trace, out) = record(dir.path(), "t", &["-A", "work@arg1/i64", "-R", "work@i64", "-A", "deep@arg1/i64", "-R", "deep@i64"], &exe);
+    assert_eq!(out, native.stdout);
+    assert!(out.ends_with(" 0\n"), "the child saw a wrong value: {out}");
+    let tree = replay(&trace, "tree");
+    let calls = replayed_calls(&tree);
+    let works: Vec<&String> = calls.iter().filter(|c| c.starts_with("work(")).collect();
+    assert_eq!(works.len(), 4003, "work calls: parent, child, parent, 4 threads x 1000");
+    for c in &works {
+        let (arg, ret) = c.strip_prefix("work(").and_then(|r| r.split_once(") = ")).expect("work(K) = V");
+        assert_eq!(arg.parse::<i64>().unwrap() * 2, ret.parse::<i64>().unwrap(), "{c}");
+    }
+    // Beyond 4,096 levels the calls are recorded without values; the others are exact.
+    let entered: Vec<&str> = tree.lines().filter_map(|l| l.split_once("| ").map(|(_, c)| c.trim())).filter(|c| c.starts_with("deep(")).collect();
+    assert_eq!(entered.len(), 5001);
+    let with_values = entered.iter().filter(|c| c.as_bytes().get(5).is_some_and(u8::is_ascii_digit)).count();
+    assert!((4000..=4096).contains(&with_values), "{with_values}");
+}
