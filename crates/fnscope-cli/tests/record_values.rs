@@ -180,6 +180,23 @@ fn sqlite3_reports_out_of_memory_when_malloc_fails() {
 }
 
 #[test]
+fn cat_takes_its_error_path_when_open_fails_with_eio() {
+    let cat = find_in_path("cat").expect("cat");
+    let dir = TempDir::new("values-cat");
+    let native = run(Command::new(&cat).arg("/etc/hostname"), b"", Duration::from_secs(30));
+    assert_eq!(native.code, 0);
+    let trace = dir.path().join("t");
+    let mut cmd = Command::new(fnscope());
+    cmd.args(["record", "-o"]).arg(&trace).args(["--lib", "libc.so", "--filter", "open*", "--inject", "open*=ret:-1,errno:EIO", "--"]).arg(&cat).arg("/etc/hostname");
+    let r = run(&mut cmd, b"", Duration::from_secs(60));
+    assert_eq!(r.code, 1, "{}", clip(&r.stderr));
+    assert_eq!(r.stdout, "");
+    assert!(program_stderr(&r.stderr).contains("cat: /etc/hostname: Input/output error"), "{}", clip(&r.stderr));
+    let tree = replay(&trace, "tree");
+    assert!(tree.contains("/* injected: open*=ret:-1,errno:5 */"), "{tree}");
+}
+
+#[test]
 fn bad_specs_and_count_mode_are_refused() {
     let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "-A", "f@arg1/q", "--", "true"]);
     assert_one_line_error(&r, "unknown type");
