@@ -219,6 +219,8 @@ pub mod data {
     pub const INJECT_ARGUMENT: u64 = 2;
     /// Header: index of the injection rule (bits 48-63).
     pub const RULE_SHIFT: u32 = 48;
+    /// Most words in a unit (the agent's frame size): readers refuse longer ones as damage.
+    pub const MAX_WORDS: usize = 64;
 
     /// Builds a header.
     pub const fn header(entry_words: u64, ret_words: u64, layout: u64, inject: u64, rule: u64) -> u64 {

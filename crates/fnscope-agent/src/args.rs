@@ -37,6 +37,7 @@ const MAX_ENTRY_WORDS: usize = 48;
 const MAX_RET_WORDS: usize = FRAME_WORDS - 1 - MAX_ENTRY_WORDS;
 
 const _: () = assert!(FRAME_BYTES == 16 * core::mem::size_of::<ShadowEntry>());
+const _: () = assert!(FRAME_WORDS <= data::MAX_WORDS);
 
 /// What is captured for one function. The stubs read the first two fields.
 #[repr(C)]
@@ -255,6 +256,9 @@ fn desc(mut args: ArgSpec, ret: Option<RetSpec>, rules: Vec<u16>) -> Desc {
         _ => 0,
     };
     let fast_ret = match &ret_caps[..] {
+        // A function with injection rules only: the slow exit writes a unit only for the
+        // calls a rule changed.
+        [] if entry.is_empty() && !rules.is_empty() => 0,
         [] => 1,
         [Capture::Word(Loc::Rax)] => 2,
         _ => 0,
@@ -266,16 +270,18 @@ fn desc(mut args: ArgSpec, ret: Option<RetSpec>, rules: Vec<u16>) -> Desc {
 }
 
 /// Registers the descriptor of function `id` (before its jump is written) and returns its
-/// image-table line.
-pub fn register(id: u32, d: Desc) -> String {
-    let line = format!("args\t{id}\t{}\n", d.line);
+/// image-table line; `None` when the id is beyond the descriptor table (the function is then
+/// traced with the plain stubs).
+pub fn register(id: u32, d: Desc) -> Option<String> {
     let t = DESCS.load(Ordering::Acquire);
-    if t != 0 && (id as usize) < MAX_IDS {
-        let d = Box::into_raw(Box::new(d));
-        // SAFETY: inside the table; written once, before any call can reach the id's slot.
-        unsafe { *((t as *mut u64).add(id as usize)) = d as u64 };
+    if t == 0 || id as usize >= MAX_IDS {
+        return None;
     }
-    line
+    let line = format!("args\t{id}\t{}\n", d.line);
+    let d = Box::into_raw(Box::new(d));
+    // SAFETY: inside the table; written once, before any call can reach the id's slot.
+    unsafe { *((t as *mut u64).add(id as usize)) = d as u64 };
+    Some(line)
 }
 
 fn desc_of(id: u32) -> Option<&'static Desc> {
@@ -341,7 +347,12 @@ impl Regs {
             match l {
                 Loc::Int(n) => *self.int(n),
                 Loc::Float(n) => *self.xmm(n),
-                Loc::Stack(n) => *((self.rsp + 8 * n as u64) as *const u64),
+                Loc::Stack(n) => {
+                    // A slot far up the stack may lie past its end: read without faulting.
+                    let mut b = [0u8; 8];
+                    sys::read_own_memory(self.rsp + 8 * n as u64, &mut b);
+                    u64::from_le_bytes(b)
+                }
                 _ => 0,
             }
         }
@@ -543,8 +554,7 @@ extern "C" fn fnscope_args_enter(st: *mut ThreadState, entry: u64, frame: *mut u
                 InjectAction::Return { value, float, errno } => {
                     let mut words = [0u64; FRAME_WORDS];
                     let n = capture_entry(d, &r, &mut words[1..]);
-                    let rw = d.ret.len().min(1);
-                    words[1 + n] = value;
+                    let rw = injected_ret(d, value, float, &mut words[1 + n..]);
                     words[0] = data::header(n as u64, rw as u64, LAYOUT_SPEC, data::INJECT_RETURN, k as u64);
                     *((rsp - 16) as *mut u64) = value;
                     if let Some(f) = float {
@@ -572,6 +582,44 @@ extern "C" fn fnscope_args_enter(st: *mut ThreadState, entry: u64, frame: *mut u
     0
 }
 
+/// The return words a function's return spec asks for, when an injection returned `value`
+/// (and `float`, in xmm0) instead of running it; returns how many.
+fn injected_ret(d: &Desc, value: u64, float: Option<f64>, out: &mut [u64]) -> usize {
+    let mut n = 0;
+    for c in &d.ret {
+        match *c {
+            Capture::Word(Loc::Xmm0) => {
+                out[n] = float.map_or(value, f64::to_bits);
+                n += 1;
+            }
+            Capture::Word(Loc::Rax) => {
+                out[n] = value;
+                n += 1;
+            }
+            Capture::Word(_) => {
+                out[n] = 0;
+                n += 1;
+            }
+            Capture::Pair(..) => {
+                // rdx:rax as the 128-bit sign extension of the value.
+                out[n] = value;
+                out[n + 1] = if (value as i64) < 0 { u64::MAX } else { 0 };
+                n += 2;
+            }
+            Capture::X87 => {
+                out[n] = 0;
+                out[n + 1] = 0;
+                n += 2;
+            }
+            Capture::Str(_) => {
+                out[n] = value;
+                n += 1 + copy_string(value, &mut out[n + 1..]);
+            }
+        }
+    }
+    n
+}
+
 /// Slow exit of a function with values to capture: writes its data unit and record. `entry`
 /// is its shadow entry (the stub pops it afterwards), `rsp` the exit stub's stack pointer
 /// (rax and rdx lie below it).
@@ -594,35 +642,19 @@ extern "C" fn fnscope_args_exit(st: *mut ThreadState, entry: u64, t_exit: u64, g
         words[..1 + n_entry].copy_from_slice(core::slice::from_raw_parts(frame, 1 + n_entry));
         let n_ret = capture_ret(d, &r, &mut words[1 + n_entry..]);
         words[0] = head | (n_ret as u64) << data::RET_SHIFT;
-        crate::thread::emit_unit(st, rec, &words[..1 + n_entry + n_ret]);
+        // A function with injection rules only has a unit when a rule changed the call.
+        let empty = n_entry + n_ret == 0 && (head >> data::INJECT_SHIFT) & 0xff == 0;
+        let n = if empty { 0 } else { 1 + n_entry + n_ret };
+        crate::thread::emit_unit(st, rec, &words[..n]);
     }
 }
 
-/// The exit stub reserved slots `[start, end)` that run past its chunk: those inside the
-/// chunk become data slots of no call (readers drop them), so that the chunk holds no empty
-/// slot. The chunk is the thread's current one, or the one before it when a signal handler
-/// swapped chunks in between (it is published only at the next swap); anything else (the
-/// thread is finishing) is left alone.
+/// The exit stub reserved slots `[start, end)` that run past its chunk: see
+/// [`crate::thread::pad_reserved`].
 #[no_mangle]
 extern "C" fn fnscope_args_pad(st: *mut ThreadState, start: u64, end: u64) {
-    let area = |c: *mut fnscope_abi::ChunkHeader| -> Option<(u64, u64)> {
-        let lo = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
-        (!c.is_null()).then(|| (lo, lo + (crate::region::capacity() * fnscope_abi::RECORD_SIZE) as u64))
-    };
-    // SAFETY: the exit stub passes this thread's state; the chunks it names are this
-    // thread's, unpublished.
-    let (chunk, prev) = unsafe { ((*st).chunk, (*st).prev_chunk) };
-    let Some((_, limit)) = [area(chunk), area(prev)].into_iter().flatten().find(|&(lo, hi)| start >= lo && start < hi) else { return };
-    let mut p = start;
-    while p + fnscope_abi::RECORD_SIZE as u64 <= end.min(limit) {
-        // SAFETY: `[start, limit)` lies in the record area of a chunk of this thread that is
-        // not published yet.
-        unsafe {
-            let r = p as *mut fnscope_abi::Record;
-            core::ptr::write_volatile(core::ptr::addr_of_mut!((*r).id_depth), data::tag(1));
-        }
-        p += fnscope_abi::RECORD_SIZE as u64;
-    }
+    // SAFETY: the exit stub passes this thread's state and the slots it reserved.
+    unsafe { crate::thread::pad_reserved(st, start, end) }
 }
 
 /// The data unit of a call closed without returning (unwound, cut at exit): its entry words,

@@ -452,10 +452,10 @@ fn build_slots(
             crate::thread::set_range(id, p.addr, p.addr + p.size.max(1));
         }
         let head = match kind {
-            SlotKind::Trace => match descs.remove(&p.index) {
-                // Functions with values to record or injections have a stub of their own.
-                Some(d) => {
-                    args_lines.push_str(&crate::args::register(id, d));
+            // Functions with values to record or injections have a stub of their own.
+            SlotKind::Trace => match descs.remove(&p.index).and_then(|d| crate::args::register(id, d)) {
+                Some(line) => {
+                    args_lines.push_str(&line);
                     trace_head(slot, area.base + 16, id)
                 }
                 None => trace_head(slot, area.base, id),

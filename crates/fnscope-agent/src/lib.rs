@@ -305,7 +305,9 @@ fn setup(settings: Settings) -> Result<(), String> {
     let started = std::time::Instant::now();
     let Settings { shm, dir, libs, counting, filters, depth, min_ticks, trigger_signal, args } = settings;
     if !counting {
-        args::configure(&args).map_err(|e| format!("--args/--inject: {e}"))?;
+        if let Err(e) = args::configure(&args) {
+            warn(&format!("arguments, return values and injections are off: {e}"));
+        }
     }
     let sid = region::attach(&shm)?;
     let pid = sys::getpid();

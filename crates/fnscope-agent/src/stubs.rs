@@ -268,6 +268,10 @@ fnscope_exit:
     jb .Lentry_dead
     lea r11, [rip + fnscope_exit]
     cmp qword ptr [rsp], r11
+    je .Lentry_tail
+    lea r11, [rip + fnscope_exit_args]
+    cmp qword ptr [rsp], r11
+.Lentry_tail:
     mov r11, [rsp - 40]
     je .Lentry_store
 .Lentry_dead:

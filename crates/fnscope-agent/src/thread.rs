@@ -683,8 +683,10 @@ unsafe fn refill(st: *mut ThreadState) -> bool {
 /// `st` must be the calling thread's state.
 pub unsafe fn emit_unit(st: *mut ThreadState, mut rec: Record, words: &[u64]) {
     // `--min-duration`, as the exit stub applies it: an ancestor lasts at least as long as
-    // its callees, so every call kept still has its callers.
-    if rec.ticks() < stubs::MIN_TICKS.load(Ordering::Relaxed) {
+    // its callees, so every call kept still has its callers. A call an injection changed is
+    // always kept: every change is recorded.
+    let injected = words.first().is_some_and(|h| (h >> fnscope_abi::data::INJECT_SHIFT) & 0xff != 0);
+    if !injected && rec.ticks() < stubs::MIN_TICKS.load(Ordering::Relaxed) {
         return;
     }
     let slots = words.len().div_ceil(2);
@@ -698,21 +700,30 @@ pub unsafe fn emit_unit(st: *mut ThreadState, mut rec: Record, words: &[u64]) {
             (*st).lost += 1;
             return;
         }
-        let mut ptr = read_volatile(addr_of_mut!((*st).buf_ptr));
+        // Reserved in one read-modify-write, as the stubs do: a signal handler's records take
+        // the slots after these.
+        let buf_ptr = AtomicU64::from_ptr(addr_of_mut!((*st).buf_ptr));
+        let reserve = || buf_ptr.fetch_add(bytes, Ordering::Relaxed);
+        let mut ptr = reserve();
         if ptr + bytes > read_volatile(addr_of_mut!((*st).buf_end)) {
+            pad_reserved(st, ptr, ptr + bytes);
             let mask = sys::block_signals();
             let prev = read_volatile(addr_of_mut!((*st).in_slow));
             write_volatile(addr_of_mut!((*st).in_slow), 1);
             let ok = refill(st);
             write_volatile(addr_of_mut!((*st).in_slow), prev);
             sys::restore_signals(mask);
-            ptr = (*st).buf_ptr;
-            if !ok || ptr + bytes > (*st).buf_end {
+            if !ok {
+                (*st).lost += 1;
+                return;
+            }
+            ptr = reserve();
+            if ptr + bytes > read_volatile(addr_of_mut!((*st).buf_end)) {
+                pad_reserved(st, ptr, ptr + bytes);
                 (*st).lost += 1;
                 return;
             }
         }
-        write_volatile(addr_of_mut!((*st).buf_ptr), ptr + bytes);
         let tag = fnscope_abi::data::tag(words.len() as u64);
         for (k, pair) in words.chunks(2).enumerate() {
             let r = (ptr + (k * RECORD_SIZE) as u64) as *mut Record;
@@ -724,6 +735,32 @@ pub unsafe fn emit_unit(st: *mut ThreadState, mut rec: Record, words: &[u64]) {
         write_volatile(addr_of_mut!((*r).t_entry), rec.t_entry);
         write_volatile(addr_of_mut!((*r).t_exit), rec.t_exit);
         write_volatile(addr_of_mut!((*r).id_depth), rec.id_depth);
+    }
+}
+
+/// Slots `[start, end)` were reserved but run past the chunk: those inside it become data
+/// slots of no call (readers drop them), so that the chunk holds no empty slot. The chunk is
+/// the thread's current one, or the one before it when a signal handler swapped chunks in
+/// between (it is published only at the next swap); anything else (the thread is finishing)
+/// is left alone.
+///
+/// # Safety
+/// `st` must be the calling thread's state, and `[start, end)` slots it reserved.
+pub unsafe fn pad_reserved(st: *mut ThreadState, start: u64, end: u64) {
+    let area = |c: *mut ChunkHeader| -> Option<(u64, u64)> {
+        let lo = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
+        (!c.is_null()).then(|| (lo, lo + (region::capacity() * RECORD_SIZE) as u64))
+    };
+    // SAFETY: per the caller's guarantee; the chunks it names are this thread's, unpublished.
+    unsafe {
+        let (chunk, prev) = ((*st).chunk, (*st).prev_chunk);
+        let Some((_, limit)) = [area(chunk), area(prev)].into_iter().flatten().find(|&(lo, hi)| start >= lo && start < hi) else { return };
+        let mut p = start;
+        while p + RECORD_SIZE as u64 <= end.min(limit) {
+            let r = p as *mut Record;
+            write_volatile(addr_of_mut!((*r).id_depth), fnscope_abi::data::tag(1));
+            p += RECORD_SIZE as u64;
+        }
     }
 }
 
@@ -841,17 +878,31 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
                 emit_closed(st, r, now);
             }
         }
+        // Args frames go with their entries (a frame is found by its entry's position).
+        let move_frame = |from: u64, to: u64| {
+            if let (Some(a), Some(b)) = (crate::args::frame_of(st, from), crate::args::frame_of(st, to)) {
+                core::ptr::copy(a, b, crate::args::FRAME_WORDS);
+            }
+        };
+        let mut matched_frame = [0u64; crate::args::FRAME_WORDS];
+        if let Some(f) = crate::args::frame_of(st, k) {
+            core::ptr::copy_nonoverlapping(f, matched_frame.as_mut_ptr(), crate::args::FRAME_WORDS);
+        }
         let mut w = k;
         let mut r = k + 32;
         while r < top {
             let e = core::ptr::read(r as *const ShadowEntry);
             if !dead(&e) {
                 core::ptr::write(w as *mut ShadowEntry, e);
+                move_frame(r, w);
                 w += 32;
             }
             r += 32;
         }
         core::ptr::write(w as *mut ShadowEntry, matched);
+        if let Some(f) = crate::args::frame_of(st, w) {
+            core::ptr::copy_nonoverlapping(matched_frame.as_ptr(), f, crate::args::FRAME_WORDS);
+        }
         write_volatile(addr_of_mut!((*st).ss_top), w + 32);
     }
     0
@@ -908,9 +959,13 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
                 continue;
             }
             let exit = if (*e).id & crate::args::ARGS_ENTRY != 0 { with_args } else { plain };
-            let (from, to) = if armed { ((*e).ret, exit) } else { (exit, (*e).ret) };
-            if read_volatile(slot) == from {
-                write_volatile(slot, to);
+            let now = read_volatile(slot);
+            // Disarming: a slot shared by a tail call holds the callee's exit stub, which may
+            // be the other kind than the caller's.
+            if armed && now == (*e).ret {
+                write_volatile(slot, exit);
+            } else if !armed && (now == plain || now == with_args) {
+                write_volatile(slot, (*e).ret);
             }
         }
     }

@@ -60,10 +60,10 @@ pub(crate) fn replay_tree_within(
         };
         let values = cx.values(&c);
         let name = cx.names.name(c.func);
-        let parens = match &values {
-            Some(v) if v.has_args => v.args_text(),
-            _ if name.ends_with(')') => String::new(),
-            _ => "()".to_string(),
+        let call = match &values {
+            Some(v) if v.has_args => crate::values::call_text(name, &v.args_text()),
+            _ if name.ends_with(')') => name.to_string(),
+            _ => format!("{name}()"),
         };
         let ret = match values.as_ref().and_then(|v| v.ret.as_deref()) {
             Some(r) => format!(" = {r}"),
@@ -75,9 +75,9 @@ pub(crate) fn replay_tree_within(
         };
         let r = if !c.has_callees {
             let note = if ending.is_empty() { String::new() } else { format!(" /* {ending} */") };
-            writeln!(out, "[{tid:>6}] {dur:>10} | {indent}{name}{parens}{ret};{note}{injected}")
+            writeln!(out, "[{tid:>6}] {dur:>10} | {indent}{call}{ret};{note}{injected}")
         } else if !leave {
-            writeln!(out, "[{tid:>6}] {:>10} | {indent}{name}{parens} {{{injected}", "")
+            writeln!(out, "[{tid:>6}] {:>10} | {indent}{call} {{{injected}", "")
         } else {
             let note = if ending.is_empty() { String::new() } else { format!(", {ending}") };
             writeln!(out, "[{tid:>6}] {dur:>10} | {indent}}}{ret} /* {name}{note} */")

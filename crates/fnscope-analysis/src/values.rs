@@ -149,6 +149,27 @@ impl CallValues {
     }
 }
 
+/// `name` called with `args` (`(3, "abc")`): a demangled C++ name's parameter list
+/// (`f(int, char const*)`) gives way to the values.
+pub(crate) fn call_text(name: &str, args: &str) -> String {
+    if let Some(body) = name.strip_suffix(')') {
+        let mut depth = 1;
+        for (i, c) in body.char_indices().rev() {
+            match c {
+                ')' => depth += 1,
+                '(' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return format!("{}{args}", &name[..i]);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    format!("{name}{args}")
+}
+
 /// Entry words in spec order, from a unit whose entry words are the integer registers.
 fn spec_order(args: &ArgSpec, regs: &[u64]) -> Vec<u64> {
     let reg = |l: Loc| match l {
@@ -210,4 +231,16 @@ pub(crate) fn decode(specs: &Specs, sid: u32, id: u32, words: &[u64]) -> Option<
         };
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_text;
+
+    #[test]
+    fn values_replace_a_parameter_list() {
+        assert_eq!(call_text("foo", "(3)"), "foo(3)");
+        assert_eq!(call_text("ns::f(int, char const*)", "(3, \"a\")"), "ns::f(3, \"a\")");
+        assert_eq!(call_text("g(void (*)(int))", "(0x10)"), "g(0x10)");
+    }
 }

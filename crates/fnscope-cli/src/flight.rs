@@ -194,6 +194,11 @@ impl Segment {
         let (recs, data) = if has_data_slots(&raw) { fnscope_format::split_data(&raw) } else { (raw, Vec::new()) };
         Segment { sid, pid, tid, seq, lost, flags, recs, data }
     }
+
+    /// Bytes it holds in memory: records and data words.
+    pub fn bytes(&self) -> usize {
+        self.recs.len() * RECORD_SIZE + self.data.iter().map(|d| d.words.len() * 8).sum::<usize>()
+    }
 }
 
 /// Whether records a thread wrote hold data slots (calls with arguments or return values):
@@ -282,7 +287,8 @@ impl Flight {
         if ids.is_empty() {
             return;
         }
-        let hit = recs.iter().find_map(|r| ids.get(&r.id()).filter(|(ticks, _)| r.ticks() >= *ticks).map(|&(_, k)| (r, k)));
+        let calls = recs.iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth));
+        let hit = calls.into_iter().find_map(|r| ids.get(&r.id()).filter(|(ticks, _)| r.ticks() >= *ticks).map(|&(_, k)| (r, k)));
         if let Some((r, k)) = hit {
             let Trigger::Slow { text, .. } = &self.opts.triggers[k] else { return };
             let ms = r.ticks() as f64 / self.ticks_per_ns / 1e6;
@@ -294,14 +300,14 @@ impl Flight {
     /// Keeps a thread's records, dropping its oldest beyond the per-thread size, and the
     /// rings of threads that ended when all rings together hold more than 64 times that.
     pub fn keep(&mut self, seg: Segment) {
-        let bytes = seg.recs.len() * RECORD_SIZE;
+        let bytes = seg.bytes();
         let ended = seg.flags & fnscope_abi::CHUNK_FLAG_LAST != 0;
         let ring = self.rings.entry((seg.pid, seg.tid)).or_default();
         ring.bytes += bytes;
         self.total += bytes;
         ring.segs.push_back(seg);
         while ring.bytes > self.opts.size && ring.segs.len() > 1 {
-            let old = ring.segs.pop_front().map_or(0, |s| s.recs.len() * RECORD_SIZE);
+            let old = ring.segs.pop_front().map_or(0, |s| s.bytes());
             ring.bytes -= old;
             self.total -= old;
         }

@@ -670,7 +670,9 @@ impl Recorder {
         let recs = self.region.records(i, n);
         let nrec = recs.len();
         if self.flight.is_some() {
-            let from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
+            let raw_from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
+            // The triggers saw raw slots; the segment holds call records only.
+            let from = recs[..raw_from.min(recs.len())].iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count();
             let seg = Segment::new(sid, pid, tid, seq, lost, flags | extra_flags, recs.to_vec());
             self.store(seg, from)?;
         } else if crate::flight::has_data_slots(recs) {

@@ -197,6 +197,37 @@ fn cat_takes_its_error_path_when_open_fails_with_eio() {
 }
 
 #[test]
+fn exception_through_a_tail_call_from_a_recorded_function() {
+    // `withargs` tail-calls `plain` (g++ -O2 makes it a `jmp`): both calls share one return
+    // slot holding the plain exit stub while `withargs`'s entry expects the args one. The
+    // unwinder must find the real return address there, or std::terminate is called.
+    let dir = TempDir::new("values-tail");
+    let src = dir.path().join("tail.cc");
+    std::fs::write(
+        &src,
+        r#"#include <cstdio>
+__attribute__((noinline)) int plain(int x) { if (x > 0) throw x; return x + 1; }
+__attribute__((noinline)) int withargs(int x) { return plain(x * 3); }
+int main() {
+  std::printf("%d\n", withargs(-5));
+  try { withargs(1); } catch (int v) { std::printf("caught %d\n", v); }
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = dir.path().join("tail");
+    let st = Command::new("g++").args(["-O2", "-o"]).arg(&exe).arg(&src).status().expect("g++");
+    assert!(st.success());
+    let (trace, out) = record(dir.path(), "t", &["-A", "withargs*@arg1/i32", "-R", "withargs*@i32"], &exe);
+    assert_eq!(out, "-14\ncaught 3\n");
+    let tree = replay(&trace, "tree");
+    for want in ["| main() {", "|   withargs(-5) {", "|   } = -14 /* withargs(int) */", "|   withargs(1) {", "|     plain(int); /* unwound */", "|   } /* withargs(int), unwound */"] {
+        assert!(tree.lines().any(|l| l.ends_with(want)), "{want:?} not in\n{tree}");
+    }
+}
+
+#[test]
 fn bad_specs_and_count_mode_are_refused() {
     let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "-A", "f@arg1/q", "--", "true"]);
     assert_one_line_error(&r, "unknown type");

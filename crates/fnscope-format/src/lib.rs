@@ -963,8 +963,16 @@ impl TraceReader {
         let key = (le32(p, 0), le32(p, 4), le64(p, 8));
         let units = le32(p, 16) as usize;
         let frame = &p[CALLDATA_HEADER_SIZE..];
-        // A unit's words come from one shared-memory chunk: a few thousand at most.
-        let bound = units.saturating_mul(20 + 10 * 8192).min(1 << 26);
+        // At most one unit per record of a shared-memory chunk, each of at most MAX_WORDS
+        // varints: anything bigger is damage, refused before anything is allocated for it.
+        if units > 1 << 20 {
+            return Err(self.corrupt(at, format!("{units} call data units in one chunk is impossibly many")));
+        }
+        let bound = units * (20 + 10 * fnscope_abi::data::MAX_WORDS);
+        let bound = match zstd::zstd_safe::get_frame_content_size(frame) {
+            Ok(Some(n)) if n <= bound as u64 => n as usize,
+            _ => bound,
+        };
         let bytes = match self.unzstd.decompress(frame, bound) {
             Ok(b) => b,
             Err(_) => return Err(self.corrupt(at, "call data does not decompress")),
@@ -977,7 +985,7 @@ impl TraceReader {
             let delta = events::get_varint(&bytes, &mut i).ok_or_else(bad)?;
             record = if k == 0 { delta as u32 } else { record.checked_add(u32::try_from(delta).map_err(|_| bad())?).filter(|_| delta > 0).ok_or_else(bad)? };
             let n = events::get_varint(&bytes, &mut i).ok_or_else(bad)? as usize;
-            if n > bytes.len() - i {
+            if n > fnscope_abi::data::MAX_WORDS || n > bytes.len() - i {
                 return Err(bad());
             }
             let mut words = Vec::with_capacity(n);
