@@ -210,8 +210,9 @@ impl Threads {
             return Ok(());
         }
         if let Some((_, t)) = self.order.iter_mut().max_by_key(|(_, t)| t.in_memory()) {
-            self.held -= t.in_memory();
+            let before = t.in_memory();
             t.spill()?;
+            self.held -= before - t.in_memory();
         }
         Ok(())
     }

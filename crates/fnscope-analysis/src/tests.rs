@@ -815,3 +815,22 @@ fn forest_tree_is_nested() {
     }
     assert!(open.is_empty() && !text.is_empty());
 }
+
+/// The conversion rounds exactly as `f64::round` would, edge cases included.
+#[test]
+fn ticks_to_ns_rounds_like_round() {
+    let rates = [2.5962, 1.0, 0.3, 3.0, 1e-9, 0.0, -1.0, f64::MIN_POSITIVE];
+    let mut ticks: Vec<u64> = vec![0, 1, 2, 3, 5, 7, 1 << 52, (1 << 53) + 1, u64::MAX, u64::MAX - 1];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..100_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ticks.push(x >> (x % 64));
+    }
+    for &r in &rates {
+        for &t in &ticks {
+            assert_eq!(crate::ticks_to_ns(t, r), (t as f64 / r).round() as u64, "{t} / {r}");
+        }
+    }
+}
