@@ -402,15 +402,11 @@ impl Writer {
         // Encoded messages concatenated merge: the extra annotations join the function's.
         let extra = if extra.debug_annotations.is_empty() { Vec::new() } else { extra.encode_to_vec() };
         let tail = &self.funcs[c.func as usize].as_ref().expect("interned above").tail;
-        self.buf.clear();
-        slice_packet(&mut self.buf, ns, track, TYPE_SLICE_BEGIN, &[tail, &extra]);
-        self.sink.write(&self.buf)
+        self.sink.write_with(|out| slice_packet(out, ns, track, TYPE_SLICE_BEGIN, &[tail, &extra]))
     }
 
     fn end(&mut self, track: u64, ns: u64) -> Result<(), ExportError> {
-        self.buf.clear();
-        slice_packet(&mut self.buf, ns, track, TYPE_SLICE_END, &[]);
-        self.sink.write(&self.buf)
+        self.sink.write_with(|out| slice_packet(out, ns, track, TYPE_SLICE_END, &[]))
     }
 
     /// Ends the current file with every open slice ended where its thread last was, and
