@@ -834,3 +834,31 @@ fn ticks_to_ns_rounds_like_round() {
         }
     }
 }
+
+/// Durations put together in integers read exactly as `format_duration` writes them.
+#[test]
+fn push_duration_is_format_duration() {
+    let mut values: Vec<u64> = vec![0, 999, 1_000, 999_999, 1_000_000, 999_999_499, 999_999_500, 999_999_501];
+    for scale in [1_000u64, 1_000_000, 1_000_000_000] {
+        for k in [1u64, 2, 3, 7, 999, 1_000, 1_234, 999_999, 1_000_000] {
+            for off in [0u64, 1, 499, 500, 501, 999] {
+                values.push(k * scale + off * (scale / 1_000));
+                values.push(k * scale + off * (scale / 1_000) + scale / 2_000);
+                values.push((k * scale + off * (scale / 1_000)).saturating_sub(1));
+            }
+        }
+    }
+    values.extend([999_999_999_999_999, 1_000_000_000_000_000, u64::MAX / 3, u64::MAX]);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        values.push(x >> (x % 64));
+    }
+    for ns in values {
+        let mut out = Vec::new();
+        crate::push_duration(&mut out, ns);
+        assert_eq!(String::from_utf8(out).unwrap(), format_duration(ns), "{ns}");
+    }
+}
