@@ -561,6 +561,13 @@ pub(crate) struct Merge<'a> {
 }
 
 impl Merge<'_> {
+    /// Whether calls are read back from the spill file.
+    pub fn reads_files(&self) -> bool {
+        self.sequence.reading.is_some()
+            || !self.sequence.runs.as_slice().is_empty()
+            || self.chain.sources.iter().any(|s| matches!(s, Source::Run(_)))
+    }
+
     /// The next call in entry order.
     pub fn next(&mut self) -> Result<Option<Call>, AnalysisError> {
         let from_chain = match (&self.next_in_sequence, &self.next_in_chain) {
