@@ -180,7 +180,13 @@ pub(crate) fn ticks_to_ns(ticks: u64, ticks_per_ns: f64) -> u64 {
     // every entry and exit, and it was a twentieth of an export's time. The difference is
     // exact (below 2^52 a number and its integer part are within 1, above it there is no
     // fraction).
-    let ns = ticks as f64 / ticks_per_ns;
+    // Through i64 when it fits (the same value): one instruction instead of the sequence
+    // that converts an unsigned number.
+    let ticks = match i64::try_from(ticks) {
+        Ok(t) => t as f64,
+        Err(_) => ticks as f64,
+    };
+    let ns = ticks / ticks_per_ns;
     let whole = ns as u64;
     if ns - whole as f64 >= 0.5 {
         whole.saturating_add(1)

@@ -645,6 +645,12 @@ fn spill_file(file: &mut Option<SpillFile>) -> Result<&mut SpillFile, AnalysisEr
     Ok(file.as_mut().expect("created above"))
 }
 
+thread_local! {
+    /// The largest buffer spilled, emptied, for the next buffer that fills up: allocating
+    /// buffers afresh cost a page fault every few calls. Holds no more than the budget.
+    static SPARE: std::cell::RefCell<Vec<Call>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One thread's calls waiting to be read in entry order.
 #[derive(Default)]
 pub(crate) struct ThreadCalls {
@@ -662,8 +668,29 @@ pub(crate) struct ThreadCalls {
 impl ThreadCalls {
     /// Adds the thread's next record; true when it completed a tree (a depth-0 call).
     pub fn push(&mut self, rec: &Record, func: u32, image: u32, data: u64) -> bool {
+        if self.memory.len() == self.memory.capacity() {
+            SPARE.with_borrow_mut(|spare| {
+                if spare.capacity() > self.memory.capacity() {
+                    spare.extend_from_slice(&self.memory);
+                    std::mem::swap(spare, &mut self.memory);
+                    spare.clear();
+                    spare.shrink_to(0);
+                }
+            });
+        }
         self.memory.push(self.placer.place(rec, func, image, data));
         rec.depth() == 0
+    }
+
+    /// Gives the buffer's memory to [`SPARE`] if larger than what is there.
+    fn give_back_memory(&mut self) {
+        self.memory.clear();
+        SPARE.with_borrow_mut(|spare| {
+            if self.memory.capacity() > spare.capacity() {
+                std::mem::swap(spare, &mut self.memory);
+            }
+        });
+        self.memory.shrink_to(BLOCK_CALLS);
     }
 
     /// Calls held in memory.
@@ -684,8 +711,7 @@ impl ThreadCalls {
             let run = spill_file(&mut self.file)?.write_run(&self.memory[earlier..], 0)?;
             self.runs.push(run);
         }
-        self.memory.clear();
-        self.memory.shrink_to(BLOCK_CALLS);
+        self.give_back_memory();
         if self.chain.len() >= CHAIN_CALLS || self.chain.len() > rest {
             self.spill_chain()?;
         }

@@ -430,21 +430,27 @@ impl Writer {
     }
 
     fn event(&mut self, cx: &mut WalkContext, ev: CallEvent) -> Result<(), ExportError> {
-        let c = *ev.call();
-        let i = self.thread(cx, &c)?;
+        let (c, entry) = match &ev {
+            CallEvent::Enter(c) => (c, true),
+            CallEvent::Exit(c) => (c, false),
+        };
+        let i = self.thread(cx, c)?;
         let ns = cx.trace.ns_since_start(ev.tsc());
+        let splits = self.sink.splits();
         let t = &mut self.threads[i];
         t.last_ns = ns;
         let track = t.uuid;
-        match ev {
-            CallEvent::Enter(_) => {
-                t.open.push(c);
-                self.begin(cx, track, &c, ns, false)?;
+        // Open calls are only needed to cut between files.
+        if entry {
+            if splits {
+                t.open.push(*c);
             }
-            CallEvent::Exit(_) => {
+            self.begin(cx, track, c, ns, false)?;
+        } else {
+            if splits {
                 t.open.pop();
-                self.end(track, ns)?;
             }
+            self.end(track, ns)?;
         }
         if self.sink.full() {
             self.cut(cx)?;

@@ -167,6 +167,11 @@ impl SplitSink {
         self.file.is_none()
     }
 
+    /// Whether the output is split into files of a size.
+    pub(crate) fn splits(&self) -> bool {
+        self.out.split_size.is_some()
+    }
+
     /// Whether the current part has reached the split size: time to end it.
     pub(crate) fn full(&self) -> bool {
         self.out.split_size.is_some_and(|s| self.written >= s)
