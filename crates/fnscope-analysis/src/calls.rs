@@ -14,6 +14,7 @@ use fnscope_abi::{REC_FLAG_CUT, REC_FLAG_UNWOUND};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::path::Path;
+use std::sync::mpsc::sync_channel;
 
 /// How a call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -225,8 +226,9 @@ impl Threads {
             return Ok(());
         }
         if let Some((_, t)) = self.order.iter_mut().max_by_key(|(_, t)| t.in_memory()) {
-            self.held -= t.in_memory();
+            let before = t.in_memory();
             t.spill()?;
+            self.held -= before - t.in_memory();
         }
         Ok(())
     }
@@ -419,15 +421,56 @@ pub(crate) fn walk_calls_within(
     Ok(trace)
 }
 
+/// Events handed from the thread reading spilled calls to the visiting one at a time.
+const BATCH_EVENTS: usize = 4096;
+
+/// Adds events to `batch` until it holds [`BATCH_EVENTS`] or the calls end.
+fn fill(calls: &mut Nested<'_>, batch: &mut Vec<CallEvent>) -> Result<(), AnalysisError> {
+    while batch.len() < BATCH_EVENTS {
+        match calls.next()? {
+            Some(ev) => batch.push(ev),
+            None => break,
+        }
+    }
+    Ok(())
+}
+
 fn visit_thread(
     cx: &mut WalkContext,
     mut calls: Nested<'_>,
     visit: &mut impl FnMut(&mut WalkContext, CallEvent) -> Result<(), AnalysisError>,
 ) -> Result<(), AnalysisError> {
-    while let Some(ev) = calls.next()? {
-        visit(cx, ev)?;
+    if !calls.calls.reads_files() {
+        while let Some(ev) = calls.next()? {
+            visit(cx, ev)?;
+        }
+        return Ok(());
     }
-    Ok(())
+    // A tree that went through temporary files is large: reading it back and nesting its
+    // calls (a quarter of a walk's time) runs on a thread of its own, ahead of the views.
+    std::thread::scope(|s| {
+        let (events, received) = sync_channel::<Result<Vec<CallEvent>, AnalysisError>>(4);
+        // Visited batches come back to be filled again.
+        let (give_back, returned) = sync_channel::<Vec<CallEvent>>(4);
+        s.spawn(move || loop {
+            let mut batch = returned.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH_EVENTS));
+            batch.clear();
+            let step = fill(&mut calls, &mut batch);
+            let last = step.is_err() || batch.len() < BATCH_EVENTS;
+            // A send fails when the visitor stopped: nothing more to do.
+            if events.send(step.map(|()| batch)).is_err() || last {
+                return;
+            }
+        });
+        for batch in received {
+            let batch = batch?;
+            for &ev in &batch {
+                visit(cx, ev)?;
+            }
+            let _ = give_back.try_send(batch);
+        }
+        Ok(())
+    })
 }
 
 fn merge_by_time(

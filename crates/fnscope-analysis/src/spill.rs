@@ -4,10 +4,17 @@
 //! A record's place in its thread's call tree is known when it arrives: its subtree is the run
 //! of records `first..=own` (post-order positions within the thread) that ends with it, and
 //! `first` follows from a stack with one entry per depth. Sorting by `(first, own descending)`
-//! is the pre-order (entry order). The sort is external: sorted runs of at most
-//! [`MEMORY_CALLS`] calls are spilled to an unlinked temporary file per thread (in the system
-//! temp dir, `TMPDIR`), merged [`FAN`] at a time when they pile up, and read back with a k-way
-//! merge.
+//! is the pre-order (entry order). The sort is external: buffers of at most [`MEMORY_CALLS`]
+//! calls are put in entry order and spilled to an unlinked temporary file per thread (in the
+//! system temp dir, `TMPDIR`).
+//!
+//! A buffer's calls whose subtree starts inside it sort after every call of earlier buffers
+//! (their `first` is past the earlier buffers' `own`s), so those parts of the runs are read
+//! back one run after the other: each call is written once and read once, with no merge.
+//! Only the calls whose subtree started in an earlier buffer (callers of the buffer's first
+//! call, a chain no longer than the depth) belong further back; they are few, kept apart,
+//! sorted in runs of their own (merged [`FAN`] at a time when they pile up) and merged into
+//! the sequence by key.
 
 use crate::AnalysisError;
 use fnscope_abi::Record;
@@ -22,6 +29,8 @@ use std::path::PathBuf;
 pub(crate) const MEMORY_CALLS: usize = 256 * 1024;
 /// Runs of one level merged into one run of the next level.
 const FAN: usize = 16;
+/// Calls kept apart (see the module comment) held in memory before they are spilled.
+const CHAIN_CALLS: usize = 16 * 1024;
 /// Calls per block of a spilled run: the unit a reader decodes at a time.
 const BLOCK_CALLS: usize = 1024;
 
@@ -201,6 +210,12 @@ pub fn put(out: &mut Vec<u8>, mut v: u64) {
 
 /// Reads the LEB128 varint at `*at` and moves past it; `None` when `b` ends inside it.
 pub fn get(b: &[u8], at: &mut usize) -> Option<u64> {
+    // Most values fit in one byte.
+    let byte = *b.get(*at)?;
+    if byte < 0x80 {
+        *at += 1;
+        return Some(u64::from(byte));
+    }
     let mut v = 0u64;
     for i in 0..10 {
         let byte = *b.get(*at)?;
@@ -213,8 +228,10 @@ pub fn get(b: &[u8], at: &mut usize) -> Option<u64> {
     None
 }
 
-/// Appends a run block by block: `u32 bytes, u32 calls`, then per call varints of the
-/// differences to the previous call of the block (sorted runs make them small).
+/// Appends a run block by block: `u32 bytes, u32 calls`, then per call a byte saying which
+/// fields repeat the previous call's (in entry order a call is mostly of the function and one
+/// level below the previous one, and has no data), then varints of the other fields, as
+/// differences to the previous call of the block where that makes them small.
 struct RunWriter<'a> {
     file: &'a File,
     start: u64,
@@ -237,6 +254,27 @@ const ZERO: Call = Call {
     data: 0,
 };
 
+/// The function (index, image and id) is the previous call's.
+const SAME_FUNCTION: u8 = 1;
+/// Depth and flags are the previous call's.
+const SAME_DEPTH: u8 = 2;
+/// Depth and flags are the previous call's depth plus one, flags clear.
+const DEEPER: u8 = 4;
+/// The call has argument data.
+const HAS_DATA: u8 = 8;
+
+/// Writes `v` as an LEB128 varint at `out[*at..]` (which has room for 10 bytes).
+#[inline]
+fn put_at(out: &mut [u8], at: &mut usize, mut v: u64) {
+    while v >= 0x80 {
+        out[*at] = v as u8 | 0x80;
+        *at += 1;
+        v >>= 7;
+    }
+    out[*at] = v as u8;
+    *at += 1;
+}
+
 impl<'a> RunWriter<'a> {
     fn new(file: &'a File, end: u64, level: u32) -> RunWriter<'a> {
         RunWriter {
@@ -251,17 +289,41 @@ impl<'a> RunWriter<'a> {
     }
 
     fn push(&mut self, c: &Call) -> Result<(), AnalysisError> {
-        let b = &mut self.block;
-        put(b, c.first.wrapping_sub(self.prev.first));
-        put(b, c.own.wrapping_sub(c.first));
-        let dt = c.t_entry.wrapping_sub(self.prev.t_entry) as i64;
-        put(b, ((dt << 1) ^ (dt >> 63)) as u64);
-        put(b, c.ticks());
-        put(b, u64::from(c.func));
-        put(b, u64::from(c.depth_flags));
-        put(b, u64::from(c.image));
-        put(b, u64::from(c.id));
-        put(b, c.data);
+        let p = &self.prev;
+        // Encoded in a fixed array and appended at once: pushing byte by byte onto the
+        // block checked its capacity at every byte.
+        let mut e = [0u8; 1 + 9 * 10];
+        let mut at = 1;
+        let mut how = 0;
+        if (c.func, c.image, c.id) == (p.func, p.image, p.id) {
+            how |= SAME_FUNCTION;
+        }
+        if c.depth_flags == p.depth_flags {
+            how |= SAME_DEPTH;
+        } else if c.depth_flags == p.depth_flags.wrapping_add(1) && c.flags() == 0 {
+            how |= DEEPER;
+        }
+        if c.data != 0 {
+            how |= HAS_DATA;
+        }
+        e[0] = how;
+        put_at(&mut e, &mut at, c.first.wrapping_sub(p.first));
+        put_at(&mut e, &mut at, c.own.wrapping_sub(c.first));
+        let dt = c.t_entry.wrapping_sub(p.t_entry) as i64;
+        put_at(&mut e, &mut at, ((dt << 1) ^ (dt >> 63)) as u64);
+        put_at(&mut e, &mut at, c.ticks());
+        if how & SAME_FUNCTION == 0 {
+            put_at(&mut e, &mut at, u64::from(c.func));
+            put_at(&mut e, &mut at, u64::from(c.image));
+            put_at(&mut e, &mut at, u64::from(c.id));
+        }
+        if how & (SAME_DEPTH | DEEPER) == 0 {
+            put_at(&mut e, &mut at, u64::from(c.depth_flags));
+        }
+        if how & HAS_DATA != 0 {
+            put_at(&mut e, &mut at, c.data);
+        }
+        self.block.extend_from_slice(&e[..at]);
         self.prev = *c;
         self.count += 1;
         if self.count as usize == BLOCK_CALLS {
@@ -297,14 +359,29 @@ impl<'a> RunWriter<'a> {
     }
 }
 
-/// Reads a run back, one block at a time.
+/// Reads a run back, one block at a time, each read taking the next block's head along.
 struct RunReader<'a> {
     file: &'a File,
     at: u64,
     end: u64,
+    /// The head of the block at `at`: its bytes and calls.
+    head: Option<(usize, usize)>,
     bytes: Vec<u8>,
     calls: Vec<Call>,
     next: usize,
+}
+
+fn damaged() -> AnalysisError {
+    temp_err(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "a temporary file of the replay reads back differently from what was written",
+    ))
+}
+
+fn block_head(b: &[u8]) -> (usize, usize) {
+    let bytes = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let count = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+    (bytes, count)
 }
 
 impl<'a> RunReader<'a> {
@@ -313,6 +390,7 @@ impl<'a> RunReader<'a> {
             file,
             at: run.offset,
             end: run.offset + run.len,
+            head: None,
             bytes: Vec::new(),
             calls: Vec::with_capacity(BLOCK_CALLS),
             next: 0,
@@ -331,37 +409,47 @@ impl<'a> RunReader<'a> {
     }
 
     fn load_block(&mut self) -> Result<(), AnalysisError> {
-        let mut head = [0u8; 8];
-        self.file.read_exact_at(&mut head, self.at).map_err(temp_err)?;
-        let bytes = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let count = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
-        self.bytes.resize(bytes, 0);
-        self.file
-            .read_exact_at(&mut self.bytes, self.at + 8)
-            .map_err(temp_err)?;
-        self.at += 8 + bytes as u64;
+        let (bytes, count) = match self.head {
+            Some(h) => h,
+            None => {
+                let mut head = [0u8; 8];
+                self.file.read_exact_at(&mut head, self.at).map_err(temp_err)?;
+                block_head(&head)
+            }
+        };
+        let body = self.at + 8;
+        let next = body + bytes as u64;
+        let with_head = if next + 8 <= self.end { 8 } else { 0 };
+        self.bytes.resize(bytes + with_head, 0);
+        self.file.read_exact_at(&mut self.bytes, body).map_err(temp_err)?;
+        self.head = (with_head > 0).then(|| block_head(&self.bytes[bytes..]));
+        self.at = next;
         self.calls.clear();
         self.next = 0;
-        let (b, mut i, mut prev) = (&self.bytes, 0usize, ZERO);
-        let damaged = || {
-            temp_err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "a temporary file of the replay reads back differently from what was written",
-            ))
-        };
+        let (b, mut i, mut p) = (&self.bytes[..bytes], 0usize, ZERO);
         for _ in 0..count {
+            let how = *b.get(i).ok_or_else(damaged)?;
+            i += 1;
             let mut field = || get(b, &mut i).ok_or_else(damaged);
-            let first = prev.first.wrapping_add(field()?);
+            let first = p.first.wrapping_add(field()?);
             let own = first.wrapping_add(field()?);
             let z = field()?;
-            let t_entry = prev.t_entry.wrapping_add(((z >> 1) as i64 ^ -((z & 1) as i64)) as u64);
+            let t_entry = p.t_entry.wrapping_add(((z >> 1) as i64 ^ -((z & 1) as i64)) as u64);
             let t_exit = t_entry.wrapping_add(field()?);
-            let func = field()? as u32;
-            let depth_flags = field()? as u32;
-            let image = field()? as u32;
-            let id = field()? as u32;
-            let data = field()?;
-            prev = Call {
+            let (func, image, id) = if how & SAME_FUNCTION != 0 {
+                (p.func, p.image, p.id)
+            } else {
+                (field()? as u32, field()? as u32, field()? as u32)
+            };
+            let depth_flags = if how & SAME_DEPTH != 0 {
+                p.depth_flags
+            } else if how & DEEPER != 0 {
+                p.depth_flags.wrapping_add(1)
+            } else {
+                field()? as u32
+            };
+            let data = if how & HAS_DATA != 0 { field()? } else { 0 };
+            p = Call {
                 first,
                 own,
                 t_entry,
@@ -372,7 +460,7 @@ impl<'a> RunReader<'a> {
                 id,
                 data,
             };
-            self.calls.push(prev);
+            self.calls.push(p);
         }
         Ok(())
     }
@@ -397,14 +485,14 @@ impl Source<'_> {
 type Head = Reverse<((u64, Reverse<u64>), usize)>;
 
 /// Calls of sorted sources, in entry order.
-pub(crate) struct Merge<'a> {
+struct HeapMerge<'a> {
     sources: Vec<Source<'a>>,
     heap: BinaryHeap<Head>,
     heads: Vec<Option<Call>>,
 }
 
-impl<'a> Merge<'a> {
-    fn new(mut sources: Vec<Source<'a>>) -> Result<Merge<'a>, AnalysisError> {
+impl<'a> HeapMerge<'a> {
+    fn new(mut sources: Vec<Source<'a>>) -> Result<HeapMerge<'a>, AnalysisError> {
         let mut heap = BinaryHeap::with_capacity(sources.len());
         let mut heads = Vec::with_capacity(sources.len());
         for (i, s) in sources.iter_mut().enumerate() {
@@ -414,15 +502,14 @@ impl<'a> Merge<'a> {
             }
             heads.push(h);
         }
-        Ok(Merge {
+        Ok(HeapMerge {
             sources,
             heap,
             heads,
         })
     }
 
-    /// The next call in entry order.
-    pub fn next(&mut self) -> Result<Option<Call>, AnalysisError> {
+    fn next(&mut self) -> Result<Option<Call>, AnalysisError> {
         let Some(&Reverse((_, i))) = self.heap.peek() else {
             return Ok(None);
         };
@@ -444,19 +531,81 @@ impl<'a> Merge<'a> {
     }
 }
 
+/// Sorted runs read one after the other, then the calls held in memory: a run's calls sort
+/// after the previous run's (see the module comment).
+struct Sequence<'a> {
+    file: Option<&'a File>,
+    runs: std::vec::IntoIter<Run>,
+    reading: Option<RunReader<'a>>,
+    memory: std::vec::IntoIter<Call>,
+}
+
+impl Sequence<'_> {
+    fn next(&mut self) -> Result<Option<Call>, AnalysisError> {
+        loop {
+            if let Some(r) = &mut self.reading {
+                if let Some(c) = r.next()? {
+                    return Ok(Some(c));
+                }
+            }
+            match (self.runs.next(), self.file) {
+                (Some(run), Some(file)) => self.reading = Some(RunReader::new(file, &run)),
+                _ => return Ok(self.memory.next()),
+            }
+        }
+    }
+}
+
+/// One thread's calls in entry order: the sequence of runs merged with the few calls kept
+/// apart.
+pub(crate) struct Merge<'a> {
+    sequence: Sequence<'a>,
+    next_in_sequence: Option<Call>,
+    chain: HeapMerge<'a>,
+    next_in_chain: Option<Call>,
+}
+
+impl Merge<'_> {
+    /// Whether calls are read back from the spill file.
+    pub fn reads_files(&self) -> bool {
+        self.sequence.reading.is_some()
+            || !self.sequence.runs.as_slice().is_empty()
+            || self.chain.sources.iter().any(|s| matches!(s, Source::Run(_)))
+    }
+
+    /// The next call in entry order.
+    pub fn next(&mut self) -> Result<Option<Call>, AnalysisError> {
+        let from_chain = match (&self.next_in_sequence, &self.next_in_chain) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(s), Some(c)) => c.key() < s.key(),
+        };
+        if from_chain {
+            let c = self.next_in_chain.take();
+            self.next_in_chain = self.chain.next()?;
+            Ok(c)
+        } else {
+            let c = self.next_in_sequence.take();
+            self.next_in_sequence = self.sequence.next()?;
+            Ok(c)
+        }
+    }
+}
+
 /// Puts one thread's calls, held in the order they arrived (post-order, `own` consecutive),
 /// in entry order (the order of [`Call::key`]) in linear time; sorting them was a fifth of a
 /// walk. A call's subtree is the run `first..=own`, so the calls whose subtree starts among
 /// these are bucketed by `first`; calls sharing one (a call and the chain of its first
 /// callees) arrived innermost first and go outermost first. Calls whose subtree starts
 /// earlier all contain the first call held: a chain of its callers, no longer than the
-/// depth, sorted ahead of the rest.
-fn sort_entry_order(calls: &mut [Call]) {
+/// depth, sorted ahead of the rest. Returns how many they are.
+fn sort_entry_order(calls: &mut [Call]) -> usize {
     let n = calls.len();
     let base = calls.first().map_or(0, |c| c.own);
     if n > u32::MAX as usize / 2 || calls.iter().enumerate().any(|(i, c)| c.own != base + i as u64) {
+        let base = calls.iter().map(|c| c.own).min().unwrap_or(0);
         calls.sort_unstable_by_key(Call::key);
-        return;
+        return calls.partition_point(|c| c.first < base);
     }
     let mut earlier: Vec<u32> = (0..n as u32).filter(|&i| calls[i as usize].first < base).collect();
     earlier.sort_unstable_by_key(|&i| calls[i as usize].key());
@@ -490,6 +639,21 @@ fn sort_entry_order(calls: &mut [Call]) {
         }
         calls.copy_from_slice(sorted);
     });
+    earlier.len()
+}
+
+/// The thread's spill file, created when first needed.
+fn spill_file(file: &mut Option<SpillFile>) -> Result<&mut SpillFile, AnalysisError> {
+    if file.is_none() {
+        *file = Some(SpillFile::create()?);
+    }
+    Ok(file.as_mut().expect("created above"))
+}
+
+thread_local! {
+    /// The largest buffer spilled, emptied, for the next buffer that fills up: allocating
+    /// buffers afresh cost a page fault every few calls. Holds no more than the budget.
+    static SPARE: std::cell::RefCell<Vec<Call>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One thread's calls waiting to be read in entry order.
@@ -497,49 +661,89 @@ fn sort_entry_order(calls: &mut [Call]) {
 pub(crate) struct ThreadCalls {
     placer: Placer,
     memory: Vec<Call>,
+    /// Runs of calls whose subtree starts in their run, in the order spilled.
     runs: Vec<Run>,
+    /// Calls whose subtree starts in an earlier run, in the order they arrived.
+    chain: Vec<Call>,
+    /// Sorted runs of them.
+    chain_runs: Vec<Run>,
     file: Option<SpillFile>,
 }
 
 impl ThreadCalls {
     /// Adds the thread's next record; true when it completed a tree (a depth-0 call).
     pub fn push(&mut self, rec: &Record, func: u32, image: u32, data: u64) -> bool {
+        if self.memory.len() == self.memory.capacity() {
+            SPARE.with_borrow_mut(|spare| {
+                if spare.capacity() > self.memory.capacity() {
+                    spare.extend_from_slice(&self.memory);
+                    std::mem::swap(spare, &mut self.memory);
+                    spare.clear();
+                    spare.shrink_to(0);
+                }
+            });
+        }
         self.memory.push(self.placer.place(rec, func, image, data));
         rec.depth() == 0
     }
 
-    /// Calls held in memory.
-    pub fn in_memory(&self) -> usize {
-        self.memory.len()
+    /// Gives the buffer's memory to [`SPARE`] if larger than what is there.
+    fn give_back_memory(&mut self) {
+        self.memory.clear();
+        SPARE.with_borrow_mut(|spare| {
+            if self.memory.capacity() > spare.capacity() {
+                std::mem::swap(spare, &mut self.memory);
+            }
+        });
+        self.memory.shrink_to(BLOCK_CALLS);
     }
 
-    /// Writes the calls held in memory to disk as a sorted run; merges runs when [`FAN`] of
-    /// one level have piled up.
+    /// Calls held in memory.
+    pub fn in_memory(&self) -> usize {
+        self.memory.len() + self.chain.len()
+    }
+
+    /// Writes the calls held in memory to disk as a sorted run, and the calls kept apart too
+    /// when they are many, or more than that run (this thread holds most because of them).
     pub fn spill(&mut self) -> Result<(), AnalysisError> {
-        if self.memory.is_empty() {
+        if self.memory.is_empty() && self.chain.is_empty() {
             return Ok(());
         }
-        sort_entry_order(&mut self.memory);
-        let file = match &mut self.file {
-            Some(f) => f,
-            None => self.file.insert(SpillFile::create()?),
-        };
-        self.runs.push(file.write_run(&self.memory, 0)?);
-        self.memory.clear();
-        self.memory.shrink_to(BLOCK_CALLS);
+        let earlier = sort_entry_order(&mut self.memory);
+        self.chain.extend_from_slice(&self.memory[..earlier]);
+        let rest = self.memory.len() - earlier;
+        if rest > 0 {
+            let run = spill_file(&mut self.file)?.write_run(&self.memory[earlier..], 0)?;
+            self.runs.push(run);
+        }
+        self.give_back_memory();
+        if self.chain.len() >= CHAIN_CALLS || self.chain.len() > rest {
+            self.spill_chain()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the calls kept apart as a sorted run; merges their runs when [`FAN`] of one
+    /// level have piled up.
+    fn spill_chain(&mut self) -> Result<(), AnalysisError> {
+        self.chain.sort_unstable_by_key(Call::key);
+        let run = spill_file(&mut self.file)?.write_run(&self.chain, 0)?;
+        self.chain_runs.push(run);
+        self.chain.clear();
+        self.chain.shrink_to(BLOCK_CALLS);
         loop {
-            let top = self.runs.last().map_or(0, |r| r.level);
-            let same = self.runs.iter().rev().take_while(|r| r.level == top).count();
+            let top = self.chain_runs.last().map_or(0, |r| r.level);
+            let same = self.chain_runs.iter().rev().take_while(|r| r.level == top).count();
             if same < FAN {
                 return Ok(());
             }
-            let merged: Vec<Run> = self.runs.split_off(self.runs.len() - same);
+            let merged: Vec<Run> = self.chain_runs.split_off(self.chain_runs.len() - same);
             let file = self.file.as_mut().expect("runs live in the spill file");
             // Readers and the writer use positioned I/O on one file: they do not disturb
             // each other.
             let run = {
                 let sources = merged.iter().map(|r| Source::Run(RunReader::new(&file.file, r)));
-                let mut m = Merge::new(sources.collect())?;
+                let mut m = HeapMerge::new(sources.collect())?;
                 let mut w = RunWriter::new(&file.file, file.end, top + 1);
                 while let Some(c) = m.next()? {
                     w.push(&c)?;
@@ -548,22 +752,39 @@ impl ThreadCalls {
             };
             file.end = run.offset + run.len;
             file.release(&merged);
-            self.runs.push(run);
+            self.chain_runs.push(run);
         }
     }
 
     /// Every call held, in entry order. Nothing is held afterwards; call
     /// [`ThreadCalls::reset_file`] once the merge is read to give the disk space back.
     pub fn drain(&mut self) -> Result<Merge<'_>, AnalysisError> {
-        sort_entry_order(&mut self.memory);
-        let mut sources: Vec<Source<'_>> = Vec::with_capacity(self.runs.len() + 1);
-        let memory = std::mem::take(&mut self.memory);
+        let earlier = sort_entry_order(&mut self.memory);
+        let mut memory = std::mem::take(&mut self.memory);
+        let mut chain = std::mem::take(&mut self.chain);
+        chain.extend(memory.drain(..earlier));
+        chain.sort_unstable_by_key(Call::key);
         let runs = std::mem::take(&mut self.runs);
-        if let Some(f) = &self.file {
-            sources.extend(runs.iter().map(|r| Source::Run(RunReader::new(&f.file, r))));
+        let chain_runs = std::mem::take(&mut self.chain_runs);
+        let file = self.file.as_ref().map(|f| &f.file);
+        let mut chain_sources: Vec<Source<'_>> = Vec::with_capacity(chain_runs.len() + 1);
+        if let Some(f) = file {
+            chain_sources.extend(chain_runs.iter().map(|r| Source::Run(RunReader::new(f, r))));
         }
-        sources.push(Source::Memory(memory.into_iter()));
-        Merge::new(sources)
+        chain_sources.push(Source::Memory(chain.into_iter()));
+        let mut chain = HeapMerge::new(chain_sources)?;
+        let mut sequence = Sequence {
+            file,
+            runs: runs.into_iter(),
+            reading: None,
+            memory: memory.into_iter(),
+        };
+        Ok(Merge {
+            next_in_sequence: sequence.next()?,
+            sequence,
+            next_in_chain: chain.next()?,
+            chain,
+        })
     }
 
     /// Empties the spill file after a [`ThreadCalls::drain`] was read.
@@ -618,7 +839,9 @@ mod tests {
             while at < calls.len() {
                 let len = (1 + (seed as usize * 131 + at) % 700).min(calls.len() - at);
                 let mut fast = calls[at..at + len].to_vec();
-                sort_entry_order(&mut fast);
+                let earlier = sort_entry_order(&mut fast);
+                assert!(fast[..earlier].iter().all(|c| c.first < calls[at].own));
+                assert!(fast[earlier..].iter().all(|c| c.first >= calls[at].own));
                 let mut want = calls[at..at + len].to_vec();
                 want.sort_unstable_by_key(Call::key);
                 assert_eq!(fast, want, "seed {seed}, calls {at}..{}", at + len);

@@ -814,3 +814,50 @@ fn forest_tree_is_nested() {
     }
     assert!(open.is_empty() && !text.is_empty());
 }
+
+/// The conversion rounds exactly as `f64::round` would, edge cases included.
+#[test]
+fn ticks_to_ns_rounds_like_round() {
+    let rates = [2.5962, 1.0, 0.3, 3.0, 1e-9, 0.0, -1.0, f64::MIN_POSITIVE];
+    let mut ticks: Vec<u64> = vec![0, 1, 2, 3, 5, 7, 1 << 52, (1 << 53) + 1, u64::MAX, u64::MAX - 1];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..100_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ticks.push(x >> (x % 64));
+    }
+    for &r in &rates {
+        for &t in &ticks {
+            assert_eq!(crate::ticks_to_ns(t, r), (t as f64 / r).round() as u64, "{t} / {r}");
+        }
+    }
+}
+
+/// Durations put together in integers read exactly as `format_duration` writes them.
+#[test]
+fn push_duration_is_format_duration() {
+    let mut values: Vec<u64> = vec![0, 999, 1_000, 999_999, 1_000_000, 999_999_499, 999_999_500, 999_999_501];
+    for scale in [1_000u64, 1_000_000, 1_000_000_000] {
+        for k in [1u64, 2, 3, 7, 999, 1_000, 1_234, 999_999, 1_000_000] {
+            for off in [0u64, 1, 499, 500, 501, 999] {
+                values.push(k * scale + off * (scale / 1_000));
+                values.push(k * scale + off * (scale / 1_000) + scale / 2_000);
+                values.push((k * scale + off * (scale / 1_000)).saturating_sub(1));
+            }
+        }
+    }
+    values.extend([999_999_999_999_999, 1_000_000_000_000_000, u64::MAX / 3, u64::MAX]);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        values.push(x >> (x % 64));
+    }
+    for ns in values {
+        let mut out = Vec::new();
+        crate::push_duration(&mut out, ns);
+        assert_eq!(String::from_utf8(out).unwrap(), format_duration(ns), "{ns}");
+    }
+}

@@ -402,15 +402,11 @@ impl Writer {
         // Encoded messages concatenated merge: the extra annotations join the function's.
         let extra = if extra.debug_annotations.is_empty() { Vec::new() } else { extra.encode_to_vec() };
         let tail = &self.funcs[c.func as usize].as_ref().expect("interned above").tail;
-        self.buf.clear();
-        slice_packet(&mut self.buf, ns, track, TYPE_SLICE_BEGIN, &[tail, &extra]);
-        self.sink.write(&self.buf)
+        self.sink.write_with(|out| slice_packet(out, ns, track, TYPE_SLICE_BEGIN, &[tail, &extra]))
     }
 
     fn end(&mut self, track: u64, ns: u64) -> Result<(), ExportError> {
-        self.buf.clear();
-        slice_packet(&mut self.buf, ns, track, TYPE_SLICE_END, &[]);
-        self.sink.write(&self.buf)
+        self.sink.write_with(|out| slice_packet(out, ns, track, TYPE_SLICE_END, &[]))
     }
 
     /// Ends the current file with every open slice ended where its thread last was, and
@@ -434,21 +430,27 @@ impl Writer {
     }
 
     fn event(&mut self, cx: &mut WalkContext, ev: CallEvent) -> Result<(), ExportError> {
-        let c = *ev.call();
-        let i = self.thread(cx, &c)?;
+        let (c, entry) = match &ev {
+            CallEvent::Enter(c) => (c, true),
+            CallEvent::Exit(c) => (c, false),
+        };
+        let i = self.thread(cx, c)?;
         let ns = cx.trace.ns_since_start(ev.tsc());
+        let splits = self.sink.splits();
         let t = &mut self.threads[i];
         t.last_ns = ns;
         let track = t.uuid;
-        match ev {
-            CallEvent::Enter(_) => {
-                t.open.push(c);
-                self.begin(cx, track, &c, ns, false)?;
+        // Open calls are only needed to cut between files.
+        if entry {
+            if splits {
+                t.open.push(*c);
             }
-            CallEvent::Exit(_) => {
+            self.begin(cx, track, c, ns, false)?;
+        } else {
+            if splits {
                 t.open.pop();
-                self.end(track, ns)?;
             }
+            self.end(track, ns)?;
         }
         if self.sink.full() {
             self.cut(cx)?;

@@ -147,7 +147,7 @@ impl Selector {
                 let kept = (self.filter.is_empty() || matched || th.inside > 0)
                     && c.exit_tsc > lo
                     && c.entry_tsc < hi
-                    && cx.trace.ticks_to_ns(c.ticks()) >= self.min_duration_ns
+                    && (self.min_duration_ns == 0 || cx.trace.ticks_to_ns(c.ticks()) >= self.min_duration_ns)
                     && (self.exclude.is_empty() || !self.exclude.matches(cx, c.func));
                 th.open.push(Open { kept, matched });
                 th.inside += u32::from(matched);

@@ -167,6 +167,11 @@ impl SplitSink {
         self.file.is_none()
     }
 
+    /// Whether the output is split into files of a size.
+    pub(crate) fn splits(&self) -> bool {
+        self.out.split_size.is_some()
+    }
+
     /// Whether the current part has reached the split size: time to end it.
     pub(crate) fn full(&self) -> bool {
         self.out.split_size.is_some_and(|s| self.written >= s)
@@ -178,6 +183,12 @@ impl SplitSink {
     }
 
     pub(crate) fn write(&mut self, bytes: &[u8]) -> Result<(), ExportError> {
+        self.write_with(|out| out.extend_from_slice(bytes))
+    }
+
+    /// Appends the bytes `fill` appends to the vector it is given: encoded in place, they
+    /// are not copied from a buffer of the caller's.
+    pub(crate) fn write_with(&mut self, fill: impl FnOnce(&mut Vec<u8>)) -> Result<(), ExportError> {
         if self.file.is_none() {
             self.part += 1;
             let part = Part::open(self.path_of(self.part))?;
@@ -185,8 +196,9 @@ impl SplitSink {
             self.file = Some(part);
             self.written = 0;
         }
-        self.pending.extend_from_slice(bytes);
-        self.written += bytes.len() as u64;
+        let before = self.pending.len();
+        fill(&mut self.pending);
+        self.written += (self.pending.len() - before) as u64;
         if self.pending.len() >= CHUNK {
             let part = self.file.as_mut().expect("opened above");
             let chunk = std::mem::replace(&mut self.pending, part.empty_chunk());
