@@ -228,6 +228,38 @@ int main() {
 }
 
 #[test]
+fn exports_carry_the_values_as_slice_arguments() {
+    let dir = TempDir::new("values-export");
+    let exe = build(dir.path());
+    let (trace, _) = record(dir.path(), "t", &SPECS, &exe);
+    // Perfetto, decoded with Perfetto's own schema.
+    let pf = dir.path().join("t.pftrace");
+    let r = fnscope_cmd(&["export", "--format", "perfetto", "-i", path_str(&trace), "-o", path_str(&pf)]);
+    assert_eq!(r.code, 0, "{}", clip(&r.stderr));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/decode_perfetto.py");
+    let d = run(Command::new("python3").arg(script).arg(&pf), b"", Duration::from_secs(120));
+    assert_eq!(d.code, 0, "decode_perfetto.py (needs `pip install perfetto protobuf`, .ci/run does): {}", clip(&d.stderr));
+    let file: serde_json::Value = serde_json::from_str(d.stdout.lines().next().expect("one file")).unwrap();
+    assert_eq!(file["problems"], serde_json::json!([]));
+    let add3 = file["slices"].as_array().unwrap().iter().find(|s| s["name"] == "add3").expect("an add3 slice");
+    assert_eq!(add3["args"]["arg1"], "1");
+    assert_eq!(add3["args"]["arg2"], "-2");
+    assert_eq!(add3["args"]["arg3"], "300");
+    assert_eq!(add3["args"]["return"], "299");
+    let slens: Vec<&serde_json::Value> = file["slices"].as_array().unwrap().iter().filter(|s| s["name"] == "slen").map(|s| &s["args"]["arg1"]).collect();
+    assert_eq!(slens[0], "\"abc\"");
+    assert_eq!(slens[4], "NULL");
+    // Chrome JSON.
+    let cj = dir.path().join("t.json");
+    let r = fnscope_cmd(&["export", "--format", "chrome", "-i", path_str(&trace), "-o", path_str(&cj)]);
+    assert_eq!(r.code, 0, "{}", clip(&r.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cj).unwrap()).unwrap();
+    let events = v.get("traceEvents").unwrap_or(&v).as_array().unwrap().clone();
+    let w = events.iter().find(|e| e["name"] == "widths").expect("a widths event");
+    assert_eq!((&w["args"]["arg1"], &w["args"]["arg6"], &w["args"]["return"]), (&"-5".into(), &"1099511627776".into(), &"1099511622021".into()));
+}
+
+#[test]
 fn bad_specs_and_count_mode_are_refused() {
     let r = fnscope_cmd(&["record", "-o", "/nonexistent/x", "-A", "f@arg1/q", "--", "true"]);
     assert_one_line_error(&r, "unknown type");

@@ -62,6 +62,9 @@ mod proto {
         pub bool_value: Option<bool>,
         #[prost(string, optional, tag = "6")]
         pub string_value: Option<String>,
+        /// The name itself, for names not interned (recorded arguments).
+        #[prost(string, optional, tag = "10")]
+        pub name: Option<String>,
         #[prost(uint64, optional, tag = "17")]
         pub string_value_iid: Option<u64>,
     }
@@ -398,6 +401,21 @@ impl Writer {
         }
         if continued {
             extra.debug_annotations.push(DebugAnnotation { name_iid: Some(ANN_CONTINUED), bool_value: Some(true), ..Default::default() });
+        }
+        // Recorded arguments, return value and injection (`record -A`, `-R`, `--inject`).
+        if let Some(v) = cx.values(c) {
+            let mut add = |name: String, value: String| {
+                extra.debug_annotations.push(DebugAnnotation { name: Some(name), string_value: Some(value), ..Default::default() });
+            };
+            for (k, (name, value)) in v.args.into_iter().enumerate() {
+                add(name.unwrap_or_else(|| format!("arg{}", k + 1)), value);
+            }
+            if let Some(r) = v.ret {
+                add("return".into(), r);
+            }
+            if let Some(i) = v.injection {
+                add("injected".into(), i.rule().to_string());
+            }
         }
         // Encoded messages concatenated merge: the extra annotations join the function's.
         let extra = if extra.debug_annotations.is_empty() { Vec::new() } else { extra.encode_to_vec() };
