@@ -342,8 +342,8 @@ pub(crate) fn walk_calls_within(
         // The data unit of each record that has one, in record order.
         let mut units = seg.data.iter().peekable();
         let mut unit_of = |k: usize, data: &mut DataStore| -> Result<u64, AnalysisError> {
-            match units.next_if(|u| u.record as usize == k) {
-                Some(u) => data.put(&u.words),
+            match units.next_if(|u| u.0 as usize == k) {
+                Some((_, words)) => data.put(words),
                 None => Ok(0),
             }
         };

@@ -240,8 +240,8 @@ fn pass(
             Ok(Some(Chunk::Events(seg))) => {
                 t.segments_read += 1;
                 t.records += seg.records.len() as u64;
-                for d in &seg.data {
-                    let head = d.words.first().copied().unwrap_or(0);
+                for (_, words) in seg.data.iter() {
+                    let head = words.first().copied().unwrap_or(0);
                     if (head >> fnscope_abi::data::INJECT_SHIFT) & 0xff != 0 {
                         *t.injected.entry((seg.image_sid, (head >> fnscope_abi::data::RULE_SHIFT) as u32)).or_default() += 1;
                     }

@@ -57,10 +57,10 @@ fn write_simple(dir: &Path, with_end: bool) -> PathBuf {
         Record::new(1110, 1190, B, 1, 0),
         Record::new(1000, 1200, MAIN, 0, 0),
     ];
-    w.write_segment(0, 7, 7, 0, 0, 0, &t7a, &[]).unwrap();
-    w.write_segment(0, 7, 8, 0, 0, fnscope_abi::CHUNK_FLAG_LAST, &t8, &[])
+    w.write_segment(0, 7, 7, 0, 0, 0, &t7a, &Default::default()).unwrap();
+    w.write_segment(0, 7, 8, 0, 0, fnscope_abi::CHUNK_FLAG_LAST, &t8, &Default::default())
         .unwrap();
-    w.write_segment(0, 7, 7, 1, 0, fnscope_abi::CHUNK_FLAG_LAST, &t7b, &[])
+    w.write_segment(0, 7, 7, 1, 0, fnscope_abi::CHUNK_FLAG_LAST, &t7b, &Default::default())
         .unwrap();
     if with_end {
         w.write_end(&fnscope_format::EndInfo {
@@ -335,9 +335,9 @@ fn forks_and_execs_merge() {
     w.write_meta(&Default::default()).unwrap();
     w.write_image(0, &image(7, &[(0x1100, "main"), (0x1300, "b")]))
         .unwrap();
-    w.write_segment(0, 7, 7, 0, 0, 0, &[Record::new(0, 10, 1, 0, 0)], &[])
+    w.write_segment(0, 7, 7, 0, 0, 0, &[Record::new(0, 10, 1, 0, 0)], &Default::default())
         .unwrap();
-    w.write_segment(0, 9, 9, 0, 0, 0, &[Record::new(0, 20, 1, 0, 0)], &[])
+    w.write_segment(0, 9, 9, 0, 0, 0, &[Record::new(0, 20, 1, 0, 0)], &Default::default())
         .unwrap();
     w.write_image(1, &image(11, &[(0x1300, "b"), (0x1100, "main")]))
         .unwrap();
@@ -348,10 +348,10 @@ fn forks_and_execs_merge() {
         0,
         0,
         0,
-        &[Record::new(0, 30, 0, 0, 0), Record::new(0, 40, 1, 0, 0)], &[])
+        &[Record::new(0, 30, 0, 0, 0), Record::new(0, 40, 1, 0, 0)], &Default::default())
     .unwrap();
     // An id that no table names still shows up.
-    w.write_segment(1, 11, 11, 1, 3, 0, &[Record::new(0, 1, 77, 0, 0)], &[])
+    w.write_segment(1, 11, 11, 1, 3, 0, &[Record::new(0, 1, 77, 0, 0)], &Default::default())
         .unwrap();
     w.write_end(&fnscope_format::EndInfo {
         ticks_per_ns: 1.0,
@@ -400,7 +400,7 @@ fn odd_depth_sequences() {
         Record::new(0, 1000, 0, 0, 0),
         Record::new(2000, 1990, 1, 0, 0),
     ];
-    w.write_segment(0, 1, 1, 0, 0, 0, &recs, &[]).unwrap();
+    w.write_segment(0, 1, 1, 0, 0, 0, &recs, &Default::default()).unwrap();
     drop(w);
     let r = report(&dir, false).unwrap();
     assert_eq!(r.functions.iter().map(|f| f.calls).sum::<u64>(), 5);
@@ -485,7 +485,7 @@ fn report_throughput_10m() {
             fib(18, 0, &mut clock, &mut rng, &mut bufs[t]);
             while bufs[t].len() >= per_chunk {
                 let rest = bufs[t].split_off(per_chunk);
-                w.write_segment(0, 1, 100 + t as u32, seq[t], 0, 0, &bufs[t], &[])
+                w.write_segment(0, 1, 100 + t as u32, seq[t], 0, 0, &bufs[t], &Default::default())
                     .unwrap();
                 total += bufs[t].len() as u64;
                 seq[t] += 1;
@@ -532,7 +532,7 @@ fn deep_recursion() {
         .rev()
         .map(|d| Record::new(u64::from(d), 2 * u64::from(n) - u64::from(d), 1, d, 0))
         .collect();
-    w.write_segment(0, 1, 1, 0, 0, 0, &recs, &[]).unwrap();
+    w.write_segment(0, 1, 1, 0, 0, 0, &recs, &Default::default()).unwrap();
     drop(w);
     let r = report(&dir, true).unwrap();
     assert_eq!(r.functions[0].calls, u64::from(n));
@@ -744,7 +744,7 @@ fn write_forest(dir: &Path) {
         if n == 0 {
             continue;
         }
-        w.write_segment(0, 1, 10 + t as u32, seq[t], 0, 0, &streams[t][at[t]..at[t] + n], &[])
+        w.write_segment(0, 1, 10 + t as u32, seq[t], 0, 0, &streams[t][at[t]..at[t] + n], &Default::default())
             .unwrap();
         seq[t] += 1;
         at[t] += n;

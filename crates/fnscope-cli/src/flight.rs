@@ -184,20 +184,20 @@ pub struct Segment {
     /// The call records.
     pub recs: Vec<Record>,
     /// The data units of those that have one.
-    pub data: Vec<fnscope_format::CallData>,
+    pub data: fnscope_format::CallData,
 }
 
 impl Segment {
     /// A segment of the records a thread wrote, data slots included (they are separated
     /// from the call records here).
     pub fn new(sid: u32, pid: u32, tid: u32, seq: u64, lost: u64, flags: u32, raw: Vec<Record>) -> Segment {
-        let (recs, data) = if has_data_slots(&raw) { fnscope_format::split_data(&raw) } else { (raw, Vec::new()) };
+        let (recs, data) = if has_data_slots(&raw) { fnscope_format::split_data(&raw) } else { (raw, Default::default()) };
         Segment { sid, pid, tid, seq, lost, flags, recs, data }
     }
 
     /// Bytes it holds in memory: records and data words.
     pub fn bytes(&self) -> usize {
-        self.recs.len() * RECORD_SIZE + self.data.iter().map(|d| d.words.len() * 8).sum::<usize>()
+        self.recs.len() * RECORD_SIZE + self.data.word_count() * 8
     }
 }
 

@@ -676,11 +676,14 @@ impl Recorder {
             let seg = Segment::new(sid, pid, tid, seq, lost, flags | extra_flags, recs.to_vec());
             self.store(seg, from)?;
         } else if crate::flight::has_data_slots(recs) {
-            let seg = Segment::new(sid, pid, tid, seq, lost, flags | extra_flags, recs.to_vec());
-            self.store(seg, 0)?;
+            // Straight from shared memory too: the data slots are split off as they are read.
+            let (calls, data) = fnscope_format::split_data(recs);
+            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, &calls, &data)?;
+            self.calls += calls.len() as u64;
+            self.pids.insert(pid);
         } else {
             // Straight from shared memory: no copy on the path of every call.
-            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &[])?;
+            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &Default::default())?;
             self.calls += nrec as u64;
             self.pids.insert(pid);
         }

@@ -86,7 +86,7 @@ fn unit_clock(trace: &Path, to: &Path) -> PathBuf {
                 s.seq,
                 s.lost,
                 s.flags,
-                &s.records, &[]),
+                &s.records, &Default::default()),
             Chunk::Counts(c) => w.write_counts(&c),
             Chunk::Summary(s) => w.write_summary(&s),
             Chunk::End(mut e) => {

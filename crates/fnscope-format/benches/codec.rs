@@ -76,7 +76,7 @@ fn write_trace(path: &std::path::Path, recs: &[Record]) -> u64 {
     let mut w = TraceWriter::create(path).expect("create trace");
     w.write_meta(&meta()).expect("meta");
     w.write_image(0, IMAGE).expect("image");
-    w.write_segment(0, 7, 7, 0, 0, 0, recs, &[]).expect("segment");
+    w.write_segment(0, 7, 7, 0, 0, 0, recs, &Default::default()).expect("segment");
     w.write_end(&EndInfo { ticks_per_ns: 2.0, exit_status: Some(0), ..EndInfo::default() })
         .expect("end");
     w.flush().expect("flush");
@@ -109,7 +109,7 @@ fn codec(c: &mut Criterion) {
     let mut w = TraceWriter::create(std::path::Path::new("/dev/null")).expect("open /dev/null");
     g.bench_function("encode_write", |b| {
         b.iter(|| {
-            w.write_segment(0, 7, 7, 0, 0, 0, black_box(&recs), &[]).expect("segment");
+            w.write_segment(0, 7, 7, 0, 0, 0, black_box(&recs), &Default::default()).expect("segment");
         })
     });
 

@@ -228,46 +228,81 @@ pub struct ThreadSegment {
     pub flags: u32,
     /// Calls in the order they returned (post-order).
     pub records: Vec<Record>,
-    /// The data units of those calls that have one (flag `REC_FLAG_DATA`), by record index,
-    /// in record order.
-    pub data: Vec<CallData>,
+    /// The data units of those calls that have one (flag `REC_FLAG_DATA`), in record order.
+    pub data: CallData,
 }
 
-/// One call's data unit (see `fnscope_abi::data`): its header, entry words, return words.
+/// The data units (see `fnscope_abi::data`: header, entry words, return words) of some calls
+/// of a segment, by record index, held in two flat vectors: the recorder stores one per
+/// chunk, not one allocation per call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CallData {
-    /// Index of the call's record in its segment.
-    pub record: u32,
-    /// The unit's words.
-    pub words: Vec<u64>,
+    /// Record index and start of its unit in `words`, record indices increasing.
+    units: Vec<(u32, u32)>,
+    words: Vec<u64>,
+}
+
+impl CallData {
+    /// Adds the unit of record `record` (after those of earlier records).
+    pub fn push(&mut self, record: u32, words: &[u64]) {
+        self.units.push((record, self.words.len() as u32));
+        self.words.extend_from_slice(words);
+    }
+
+    /// Number of units.
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Whether no call has a unit.
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    /// Words of all units together.
+    pub fn word_count(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Each unit's record index and words, in record order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &[u64])> + '_ {
+        self.units.iter().enumerate().map(|(k, &(record, start))| {
+            let end = self.units.get(k + 1).map_or(self.words.len(), |u| u.1 as usize);
+            (record, &self.words[start as usize..end])
+        })
+    }
 }
 
 /// Separates the records a thread wrote into a chunk into call records and the data units of
 /// the calls that have one (each unit's data slots come right before its record). Data slots
 /// without the record they announce (the thread died between the two writes) are dropped.
-pub fn split_data(raw: &[Record]) -> (Vec<Record>, Vec<CallData>) {
+pub fn split_data(raw: &[Record]) -> (Vec<Record>, CallData) {
     let mut records = Vec::with_capacity(raw.len());
-    let mut data = Vec::new();
-    let mut pending: Vec<u64> = Vec::new();
+    let mut data = CallData::default();
+    // Words of the unit being read go straight to their place; an orphan's are taken back.
+    let mut start = 0usize;
     let mut want = 0usize;
     for r in raw {
         if fnscope_abi::data::is_data_tag(r.id_depth) {
             let n = (r.id_depth >> 32) as usize;
             if n != want {
-                pending.clear();
+                data.words.truncate(start);
                 want = n;
             }
-            pending.extend([r.t_entry, r.t_exit]);
+            data.words.extend([r.t_entry, r.t_exit]);
             continue;
         }
-        if r.flags() & fnscope_abi::REC_FLAG_DATA != 0 && want > 0 && pending.len() >= want {
-            pending.truncate(want);
-            data.push(CallData { record: records.len() as u32, words: std::mem::take(&mut pending) });
+        if r.flags() & fnscope_abi::REC_FLAG_DATA != 0 && want > 0 && data.words.len() - start >= want {
+            data.words.truncate(start + want);
+            data.units.push((records.len() as u32, start as u32));
+            start = data.words.len();
+        } else {
+            data.words.truncate(start);
         }
-        pending.clear();
         want = 0;
         records.push(*r);
     }
+    data.words.truncate(start);
     (records, data)
 }
 
@@ -491,7 +526,7 @@ impl TraceWriter {
         lost: u64,
         flags: u32,
         records: &[Record],
-        data: &[CallData],
+        data: &CallData,
     ) -> Result<(), FormatError> {
         if !data.is_empty() {
             self.write_call_data(pid, tid, seq, data)?;
@@ -528,16 +563,16 @@ impl TraceWriter {
     /// Writes a CALLDATA chunk: `u32 pid, u32 tid, u64 seq, u32 units`, then one zstd frame of
     /// varints, per unit: record index minus the previous unit's (the first: the index),
     /// number of words, the words.
-    fn write_call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &[CallData]) -> Result<(), FormatError> {
+    fn write_call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &CallData) -> Result<(), FormatError> {
         self.columns.clear();
         let mut prev = 0u32;
-        for d in data {
-            events::put_varint(&mut self.columns, u64::from(d.record.wrapping_sub(prev)));
-            events::put_varint(&mut self.columns, d.words.len() as u64);
-            for &w in &d.words {
+        for (record, words) in data.iter() {
+            events::put_varint(&mut self.columns, u64::from(record.wrapping_sub(prev)));
+            events::put_varint(&mut self.columns, words.len() as u64);
+            for &w in words {
                 events::put_varint(&mut self.columns, w);
             }
-            prev = d.record;
+            prev = record;
         }
         let p = &mut self.payload;
         p.clear();
@@ -636,7 +671,7 @@ pub struct TraceReader {
     columns: Vec<u8>,
     unzstd: zstd::bulk::Decompressor<'static>,
     /// The last CALLDATA chunk read: `(pid, tid, seq)` of the EVENTS chunk it belongs to.
-    pending_data: Option<((u32, u32, u64), Vec<CallData>)>,
+    pending_data: Option<((u32, u32, u64), CallData)>,
 }
 
 /// Reads until `buf` is full or the input ends; returns how much was read.
@@ -925,7 +960,7 @@ impl TraceReader {
             lost: le64(p, 24),
             flags: le32(p, 32),
             records: Vec::new(),
-            data: Vec::new(),
+            data: CallData::default(),
         };
         let nrec = le32(p, 20);
         let frame = &p[EVENTS_HEADER_SIZE..];
@@ -946,7 +981,7 @@ impl TraceReader {
             .map_err(|what| self.corrupt(at, what))?;
         if let Some((key, data)) = self.pending_data.take() {
             if key == (seg.pid, seg.tid, seg.seq) {
-                if data.iter().any(|d| d.record >= nrec) {
+                if data.units.last().is_some_and(|u| u.0 >= nrec) {
                     return Err(self.corrupt(at, "call data for a record the segment does not have"));
                 }
                 seg.data = data;
@@ -955,7 +990,7 @@ impl TraceReader {
         Ok(seg)
     }
 
-    fn decode_call_data(&mut self, at: u64) -> Result<((u32, u32, u64), Vec<CallData>), FormatError> {
+    fn decode_call_data(&mut self, at: u64) -> Result<((u32, u32, u64), CallData), FormatError> {
         let p = &self.payload;
         if p.len() < CALLDATA_HEADER_SIZE {
             return Err(self.corrupt(at, "CALLDATA chunk shorter than its header"));
@@ -977,7 +1012,7 @@ impl TraceReader {
             Ok(b) => b,
             Err(_) => return Err(self.corrupt(at, "call data does not decompress")),
         };
-        let mut data = Vec::with_capacity(units.min(1 << 16));
+        let mut data = CallData::default();
         let mut i = 0usize;
         let mut record = 0u32;
         for k in 0..units {
@@ -988,11 +1023,10 @@ impl TraceReader {
             if n > fnscope_abi::data::MAX_WORDS || n > bytes.len() - i {
                 return Err(bad());
             }
-            let mut words = Vec::with_capacity(n);
+            data.units.push((record, data.words.len() as u32));
             for _ in 0..n {
-                words.push(events::get_varint(&bytes, &mut i).ok_or_else(bad)?);
+                data.words.push(events::get_varint(&bytes, &mut i).ok_or_else(bad)?);
             }
-            data.push(CallData { record, words });
         }
         if i != bytes.len() {
             return Err(self.corrupt(at, "damaged call data (trailing bytes)"));

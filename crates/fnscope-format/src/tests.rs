@@ -84,7 +84,7 @@ fn write_sample(dir: &Path) -> (PathBuf, Vec<ThreadSegment>) {
                 0
             },
             records: recs,
-            data: Vec::new(),
+            data: Default::default(),
         };
         w.write_segment(
             seg.image_sid,
@@ -353,7 +353,7 @@ fn fib_trace_is_compact_and_fast() {
     let mut worst = std::time::Duration::ZERO;
     for (seq, chunk) in recs.chunks(per_chunk).enumerate() {
         let t = Instant::now();
-        w.write_segment(0, 1, 1, seq as u64, 0, 0, chunk, &[]).unwrap();
+        w.write_segment(0, 1, 1, seq as u64, 0, 0, chunk, &Default::default()).unwrap();
         if chunk.len() == per_chunk {
             worst = worst.max(t.elapsed());
         }
