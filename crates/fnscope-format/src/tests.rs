@@ -72,6 +72,14 @@ fn write_sample(dir: &Path) -> (PathBuf, Vec<ThreadSegment>) {
         let mut clock = 5000 * (seq as u64 + 1);
         let mut recs = Vec::new();
         fib_records(n, &mut clock, &mut rng, 0, &mut recs);
+        // The middle segment's calls carry data units (arguments, return values) every third.
+        let mut data = CallData::default();
+        if seq == 1 {
+            for (k, r) in recs.iter_mut().enumerate().filter(|(k, _)| k % 3 == 0) {
+                r.id_depth |= u64::from(fnscope_abi::REC_FLAG_DATA) << 56;
+                data.push(k as u32, &[fnscope_abi::data::header(1, 1, 0, 0, 0), k as u64, u64::MAX - k as u64]);
+            }
+        }
         let seg = ThreadSegment {
             image_sid: 0,
             pid: 7,
@@ -84,7 +92,7 @@ fn write_sample(dir: &Path) -> (PathBuf, Vec<ThreadSegment>) {
                 0
             },
             records: recs,
-            data: Default::default(),
+            data,
         };
         w.write_segment(
             seg.image_sid,
@@ -127,6 +135,7 @@ fn round_trip() {
     for (c, s) in chunks[2..5].iter().zip(&segs) {
         assert_eq!(c, &Chunk::Events(s.clone()));
     }
+    assert!(!segs[1].data.is_empty());
     assert_eq!(chunks[5], Chunk::End(sample_end()));
 }
 
@@ -327,7 +336,7 @@ fn fuzzed_files_never_panic() {
         .concat(),
     ] {
         let mut b = good[..FILE_HEADER_SIZE as usize].to_vec();
-        for kind in [KIND_EVENTS, KIND_IMAGE, KIND_META, KIND_END] {
+        for kind in [KIND_CALLDATA, KIND_EVENTS, KIND_IMAGE, KIND_META, KIND_END] {
             b.extend_from_slice(&kind.to_le_bytes());
             b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
             b.extend_from_slice(&chunk_checksum(kind, &payload).to_le_bytes());
@@ -336,6 +345,35 @@ fn fuzzed_files_never_panic() {
         std::fs::write(&fuzz, &b).unwrap();
         assert!(read_all(&fuzz).is_err());
     }
+}
+
+#[test]
+fn data_slots_are_split_from_call_records() {
+    let data_flag = u64::from(fnscope_abi::REC_FLAG_DATA) << 56;
+    let slot = |a: u64, b: u64, n: u64| Record { t_entry: a, t_exit: b, id_depth: fnscope_abi::data::tag(n) };
+    let call = |id: u32, data: bool| {
+        let mut r = Record::new(10, 20, id, 0, 0);
+        if data {
+            r.id_depth |= data_flag;
+        }
+        r
+    };
+    let raw = [
+        slot(1, 2, 3),
+        slot(3, 0, 3),
+        call(0, true),
+        call(1, false),
+        // Orphans: a unit whose record never came, and a pad slot at a chunk's end.
+        slot(7, 8, 2),
+        call(2, false),
+        slot(5, 6, 2),
+        call(3, true),
+        slot(9, 9, 1),
+    ];
+    let (recs, data) = split_data(&raw);
+    assert_eq!(recs.iter().map(Record::id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    let units: Vec<(u32, Vec<u64>)> = data.iter().map(|(r, w)| (r, w.to_vec())).collect();
+    assert_eq!(units, [(0, vec![1, 2, 3]), (3, vec![5, 6])]);
 }
 
 /// Size and speed of the EVENTS encoding on a fib-like trace split into 1 MiB chunks.
