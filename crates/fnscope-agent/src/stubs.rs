@@ -125,7 +125,7 @@ fnscope_tls:
 
     /* Entry stub, rdx = thread state, rcx = the entry reserved: closes the entries below it
        whose frames are gone and starts the entry over if there were any. */
-    .macro CLOSE_DEAD_ENTRIES
+    .macro CLOSE_DEAD_ENTRIES retry
     SAVE_ALL
     mov rdi, rdx
     lea rsi, [rbp + 208]
@@ -133,7 +133,56 @@ fnscope_tls:
     call fnscope_entry_dead
     test eax, eax
     RESTORE_ALL
-    jnz .Lentry_retry
+    jnz \retry
+    .endm
+
+    /* The rare paths of an entry stub whose labels start with .L<p>_ (both entry stubs
+       share them): rdx = thread state, rcx = the entry reserved, the program's rax, rdx, rcx
+       and r11 and the relocated prologue below the return slot. */
+    .macro ENTRY_RARE_PATHS p
+.L\p\()_untraced:
+    /* Shadow stack at its limit (--depth, or full), or an untraced thread (limit 0): run the
+       call unrecorded (its return address stays as it is). At the limit, though, the newest
+       entry may be a frame a longjmp or an exception left, whose level this call takes:
+       that frame is closed first (as at _dead), and the call traced. */
+    cmp qword ptr [rdx + 8], 0
+    je .L\p\()_untraced_run
+    cmp qword ptr [rcx - 8], rsp
+    ja .L\p\()_untraced_run
+    CLOSE_DEAD_ENTRIES .L\p\()_retry
+.L\p\()_untraced_run:
+    sub qword ptr [rdx], 32
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 40]
+.L\p\()_check:
+    /* A slot at the caller's that still holds an exit stub is a tail call's. */
+    jb .L\p\()_dead
+    lea r11, [rip + fnscope_exit]
+    cmp qword ptr [rsp], r11
+    je .L\p\()_tail
+    lea r11, [rip + fnscope_exit_args]
+    cmp qword ptr [rsp], r11
+.L\p\()_tail:
+    mov r11, [rsp - 40]
+    je .L\p\()_store
+.L\p\()_dead:
+    CLOSE_DEAD_ENTRIES .L\p\()_retry
+    jmp .L\p\()_store
+.L\p\()_init:
+    SAVE_ALL
+    call fnscope_thread_init
+    test eax, eax
+    RESTORE_ALL
+    jnz .L\p\()_retry
+    /* Not traced yet (the agent is starting): run the call as it is. */
+    mov rcx, [rsp - 32]
+    mov rdx, [rsp - 24]
+    mov rax, [rsp - 16]
+    mov r11, [rsp - 8]
+    jmp qword ptr [rsp - 40]
     .endm
 
     .globl fnscope_entry
@@ -247,48 +296,7 @@ fnscope_exit:
     jz .Lexit_retry
     /* The real return address is back in place and the call was recorded already. */
     jmp .Lexit_leave
-.Lentry_untraced:
-    /* Shadow stack at its limit (--depth, or full), or an untraced thread (limit 0): run the
-       call unrecorded (its return address stays as it is). At the limit, though, the newest
-       entry may be a frame a longjmp or an exception left, whose level this call takes:
-       that frame is closed first (as at .Lentry_dead), and the call traced. */
-    cmp qword ptr [rdx + 8], 0
-    je .Lentry_untraced_run
-    cmp qword ptr [rcx - 8], rsp
-    ja .Lentry_untraced_run
-    CLOSE_DEAD_ENTRIES
-.Lentry_untraced_run:
-    sub qword ptr [rdx], 32
-    mov rcx, [rsp - 32]
-    mov rdx, [rsp - 24]
-    mov rax, [rsp - 16]
-    mov r11, [rsp - 8]
-    jmp qword ptr [rsp - 40]
-.Lentry_check:
-    jb .Lentry_dead
-    lea r11, [rip + fnscope_exit]
-    cmp qword ptr [rsp], r11
-    je .Lentry_tail
-    lea r11, [rip + fnscope_exit_args]
-    cmp qword ptr [rsp], r11
-.Lentry_tail:
-    mov r11, [rsp - 40]
-    je .Lentry_store
-.Lentry_dead:
-    CLOSE_DEAD_ENTRIES
-    jmp .Lentry_store
-.Lentry_init:
-    SAVE_ALL
-    call fnscope_thread_init
-    test eax, eax
-    RESTORE_ALL
-    jnz .Lentry_retry
-    /* Not traced yet (the agent is starting): run the call as it is. */
-    mov rcx, [rsp - 32]
-    mov rdx, [rsp - 24]
-    mov rax, [rsp - 16]
-    mov r11, [rsp - 8]
-    jmp qword ptr [rsp - 40]
+    ENTRY_RARE_PATHS entry
     .size fnscope_entry, . - fnscope_entry
 
 
@@ -508,57 +516,7 @@ fnscope_exit_args:
     mov rax, [rsp - 16]
     mov r11, [rsp - 8]
     ret
-.Lea_untraced:
-    cmp qword ptr [rdx + 8], 0
-    je .Lea_untraced_run
-    cmp qword ptr [rcx - 8], rsp
-    ja .Lea_untraced_run
-    SAVE_ALL
-    mov rdi, rdx
-    lea rsi, [rbp + 208]
-    mov rdx, rcx
-    call fnscope_entry_dead
-    test eax, eax
-    RESTORE_ALL
-    jnz .Lea_retry
-.Lea_untraced_run:
-    sub qword ptr [rdx], 32
-    mov rcx, [rsp - 32]
-    mov rdx, [rsp - 24]
-    mov rax, [rsp - 16]
-    mov r11, [rsp - 8]
-    jmp qword ptr [rsp - 40]
-.Lea_check:
-    jb .Lea_dead
-    lea r11, [rip + fnscope_exit]
-    cmp qword ptr [rsp], r11
-    je .Lea_tail
-    lea r11, [rip + fnscope_exit_args]
-    cmp qword ptr [rsp], r11
-.Lea_tail:
-    mov r11, [rsp - 40]
-    je .Lea_store
-.Lea_dead:
-    SAVE_ALL
-    mov rdi, rdx
-    lea rsi, [rbp + 208]
-    mov rdx, rcx
-    call fnscope_entry_dead
-    test eax, eax
-    RESTORE_ALL
-    jnz .Lea_retry
-    jmp .Lea_store
-.Lea_init:
-    SAVE_ALL
-    call fnscope_thread_init
-    test eax, eax
-    RESTORE_ALL
-    jnz .Lea_retry
-    mov rcx, [rsp - 32]
-    mov rdx, [rsp - 24]
-    mov rax, [rsp - 16]
-    mov r11, [rsp - 8]
-    jmp qword ptr [rsp - 40]
+    ENTRY_RARE_PATHS ea
     .size fnscope_entry_args, . - fnscope_entry_args
 
     .globl fnscope_set_errno
