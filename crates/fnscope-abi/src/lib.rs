@@ -29,7 +29,7 @@ pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 /// Version of the shared-region layout; the agent refuses a region of another version.
-pub const REGION_VERSION: u32 = 4;
+pub const REGION_VERSION: u32 = 5;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
 /// Default chunk size (header included).
@@ -57,8 +57,10 @@ pub struct RegionHeader {
     /// Process id of the recorder: an agent that finds it gone stops recording (and removes
     /// the region file) instead of waiting for chunks nobody will free.
     pub recorder_pid: u32,
-    /// Padding.
-    pub reserved: u32,
+    /// Chunks at and above this index were never taken: the recorder looks at the states of
+    /// those below only (each page of the region it reads is a page the kernel allocates).
+    /// Raised by an agent before it tries to take a chunk.
+    pub chunks_used: u32,
     /// Returns that matched no shadow-stack entry and were resolved by taking the newest one
     /// (code that moves its own return address; see the agent's `fnscope_exit_mismatch`).
     pub unmatched_returns: u64,

@@ -92,6 +92,8 @@ struct Planned {
     /// Pre-hook kind (trace slots get their id when built).
     id: u32,
     index: usize,
+    /// The displaced bytes move by copying (see [`crate::plan_cache::Analysis::as_is`]).
+    as_is: bool,
 }
 
 /// A trampoline area: a header holding the stub addresses, then slots.
@@ -416,12 +418,16 @@ fn build_slots(
         // SAFETY: reads `relocate_len` bytes of a function's code in a mapped executable
         // segment.
         let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.hook.relocate_len.into()) };
-        let reloc = match fnscope_x86::relocate(orig, p.addr, code_at) {
-            Ok(r) => r,
-            Err(e) => {
-                failed.push((p.index, e.to_string()));
-                continue;
-            }
+        let back = fnscope_x86::jmp_rel32(code_at + orig.len() as u64, p.addr + orig.len() as u64);
+        let reloc = match back.filter(|_| p.as_is) {
+            Some(jmp) => [orig, &jmp[..]].concat(),
+            None => match fnscope_x86::relocate(orig, p.addr, code_at) {
+                Ok(r) => r,
+                Err(e) => {
+                    failed.push((p.index, e.to_string()));
+                    continue;
+                }
+            },
         };
         let entry = match kind {
             SlotKind::Trace | SlotKind::Prehook => slot,
@@ -563,10 +569,20 @@ impl ImageTable {
 }
 
 fn name_of(inv: &crate::plan_cache::Analysis, i: usize) -> String {
-    let f = &inv.functions[i];
+    let mut s = String::new();
+    push_name(&mut s, &inv.functions[i]);
+    s
+}
+
+/// Appends the name of `f` as the image table spells it. Written in place: a table line per
+/// function, and a copy of each name took a tenth of the start-up of a big program.
+fn push_name(out: &mut String, f: &fnscope_symbols::Function) {
     match &f.name {
-        Some(n) => n.replace(['\t', '\n'], " "),
-        None => format!("sub_{:x}", f.address),
+        Some(n) if !n.contains(['\t', '\n']) => out.push_str(n),
+        Some(n) => out.push_str(&n.replace(['\t', '\n'], " ")),
+        None => {
+            let _ = write!(out, "sub_{:x}", f.address);
+        }
     }
 }
 
@@ -632,13 +648,14 @@ pub fn plan_module(
                 skip_reason::NO_CFI,
                 "no call frame information (generated or hand-written code): count mode hooks it".to_string(),
             )),
-            Verdict::Hookable(hook) => plans.push(Planned {
-                addr: obj.bias + inv.functions[i].address,
-                size: inv.functions[i].size,
-                hook: *hook,
-                id: 0,
-                index: i,
-            }),
+            Verdict::Hookable(hook) => {
+                let addr = obj.bias + inv.functions[i].address;
+                // SAFETY: the bytes the hook displaces, in the module's mapped code: the
+                // analysis found whole instructions there.
+                let code = unsafe { std::slice::from_raw_parts(addr as *const u8, hook.relocate_len.into()) };
+                let as_is = inv.as_is(i) == Some(code);
+                plans.push(Planned { addr, size: inv.functions[i].size, hook: *hook, id: 0, index: i, as_is })
+            }
             Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
         }
     }
@@ -672,7 +689,9 @@ pub fn plan_module(
     }
     for &(i, id) in &built.ids {
         let f = &inv.functions[i];
-        let _ = writeln!(table.text, "func\t{id}\t{midx}\t{:x}\t{}\t{}", f.address, f.size, name_of(&inv, i));
+        let _ = write!(table.text, "func\t{id}\t{midx}\t{:x}\t{}\t", f.address, f.size);
+        push_name(&mut table.text, f);
+        table.text.push('\n');
     }
     for (i, reason, detail) in &skips {
         let f = &inv.functions[*i];
@@ -689,17 +708,16 @@ pub fn plan_module(
 }
 
 /// Installs pre-hooks (kind in the id field) on functions given by run-time address.
-pub fn prehook(obj: &Loaded, targets: &[(u64, u32)]) -> Result<usize, String> {
-    let inv = crate::plan_cache::analyse(&obj.path, ReturnAddress::Kept)?;
-    let verdicts = &inv.verdicts;
+/// `traced`: the module's functions are to be traced too (see [`crate::plan_cache::entry_hooks`]).
+pub fn prehook(obj: &Loaded, targets: &[(u64, u32)], traced: bool) -> Result<usize, String> {
+    let addresses: Vec<u64> = targets.iter().map(|&(addr, _)| addr - obj.bias).collect();
+    // Only the entry form: padding this analysis hands out could go to another function in
+    // the module's own analysis if its functions are traced too.
+    let hooks = crate::plan_cache::entry_hooks(&obj.path, &addresses, traced)?;
     let mut plans = Vec::new();
-    for &(addr, kind) in targets {
-        let Some(i) = inv.functions.iter().position(|f| f.address + obj.bias == addr) else { continue };
-        // Only the entry form: padding this analysis hands out could go to another function in
-        // the module's own analysis if its functions are traced too.
-        if let Verdict::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = verdicts[i] {
-            plans.push(Planned { addr, size: inv.functions[i].size, hook, id: kind, index: i });
-        }
+    for (index, (address, size, hook)) in hooks.into_iter().enumerate() {
+        let Some(&(addr, kind)) = targets.iter().find(|t| t.0 - obj.bias == address) else { continue };
+        plans.push(Planned { addr, size, hook, id: kind, index, as_is: false });
     }
     if plans.is_empty() {
         return Ok(0);

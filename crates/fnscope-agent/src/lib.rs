@@ -201,8 +201,9 @@ pub(crate) fn with_tracer<R>(f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
 impl Tracer {
     /// Hooks the objects not seen yet that the user asked for (the main executable, and
     /// libraries matching `--lib`); writes the image table before patching, so that the
-    /// recorder can name every id a record may carry.
-    fn hook_new_objects(&mut self, objs: &[hook::Loaded]) -> Result<(usize, usize), String> {
+    /// recorder can name every id a record may carry. Returns the functions hooked and
+    /// skipped, and whether the table was written.
+    fn hook_new_objects(&mut self, objs: &[hook::Loaded]) -> Result<(usize, usize, bool), String> {
         let mut pending = Vec::new();
         let (mut hooked, mut skipped) = (0, 0);
         let (mut modules, mut cached) = (0, 0);
@@ -236,7 +237,8 @@ impl Tracer {
                 Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),
             }
         }
-        if !pending.is_empty() {
+        let pending_empty = pending.is_empty();
+        if !pending_empty {
             self.write_table()?;
             if self.kind == hook::SlotKind::Count {
                 if count::capacity() == 0 {
@@ -267,7 +269,7 @@ impl Tracer {
         if VERBOSE.load(Ordering::Relaxed) && modules > 0 {
             warn(&format!("pid {}: {cached} of {modules} modules analysed in an earlier run (cached)", self.pid));
         }
-        Ok((hooked, skipped))
+        Ok((hooked, skipped, !pending_empty))
     }
 
     /// In a forked child, the parent's table (same session id) must not change under it, so
@@ -326,8 +328,10 @@ fn setup(settings: Settings) -> Result<(), String> {
     let mut table = hook::ImageTable::new(pid);
     table.push_lines(&args::rule_lines());
     let mut t = Tracer { pid, sid, dir, libs, prehooked, table, seen: HashMap::new(), kind, filters };
-    let (hooked, skipped) = t.hook_new_objects(&objs)?;
-    t.write_table()?;
+    let (hooked, skipped, written) = t.hook_new_objects(&objs)?;
+    if !written {
+        t.write_table()?;
+    }
     if VERBOSE.load(Ordering::Relaxed) {
         warn(&format!(
             "pid {pid}: {hooked} functions hooked, {skipped} skipped, {unwinder} unwinder hooks, in {:.1} ms",

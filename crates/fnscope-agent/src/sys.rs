@@ -327,6 +327,25 @@ pub fn open_rw(path: &std::path::Path) -> Result<usize, Errno> {
     check(unsafe { syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_RDWR | O_CLOEXEC, 0, 0, 0) })
 }
 
+/// Reads `buf.len()` bytes at `offset` of the file `fd`; whether it read them all.
+pub fn pread(fd: usize, buf: &mut [u8], offset: u64) -> bool {
+    const SYS_PREAD64: usize = 17;
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let r = unsafe { syscall6(SYS_PREAD64, fd, buf.as_mut_ptr() as usize, buf.len(), offset as usize, 0, 0) };
+    r == buf.len() as isize
+}
+
+/// Processors this thread may run on (`sched_getaffinity`; 1 when it fails).
+pub fn cpus() -> usize {
+    let mut mask = [0u64; 16];
+    // SAFETY: the kernel writes at most the mask's size into it.
+    let r = unsafe { syscall6(204, 0, core::mem::size_of_val(&mask), mask.as_mut_ptr() as usize, 0, 0, 0) };
+    if r <= 0 {
+        return 1;
+    }
+    (mask.iter().map(|w| w.count_ones() as usize).sum::<usize>()).max(1)
+}
+
 /// Closes a descriptor (best effort).
 pub fn close(fd: usize) {
     // SAFETY: closing a descriptor of our own.

@@ -51,12 +51,14 @@ pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
     }
     targets.sort();
     targets.dedup_by_key(|t| t.0);
-    for obj in objs {
+    for (i, obj) in objs.iter().enumerate() {
         let mine: Vec<(u64, u32)> = targets.iter().copied().filter(|&(a, _)| a >= obj.lo && a < obj.hi).collect();
         if mine.is_empty() {
             continue;
         }
-        match hook::prehook(obj, &mine) {
+        // The main executable is traced as well (timing mode: the unwinder needs no help in
+        // count mode).
+        match hook::prehook(obj, &mine, i == 0) {
             Ok(k) => n += k,
             Err(e) => crate::warn(&format!("cannot hook the unwinder in {}: {e}", obj.path.display())),
         }

@@ -489,7 +489,9 @@ impl Region {
     /// session, process, thread and sequence number.
     fn chunks_in(&self, states: &[u32]) -> Vec<ChunkRef> {
         let mut v = Vec::new();
-        for index in 0..self.nchunks {
+        // SAFETY: aligned u32 in the header, raised by agents.
+        let used = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).chunks_used)) }.load(Ordering::Acquire);
+        for index in 0..used.min(self.nchunks) {
             let state = self.state(index).load(Ordering::Acquire);
             if states.contains(&state) {
                 // SAFETY: the header of a chunk a thread owns or has handed over; its owner

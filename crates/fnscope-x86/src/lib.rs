@@ -281,12 +281,45 @@ pub fn analyze(inv: &Inventory, data: &[u8]) -> Vec<Verdict> {
 /// [`HookForm::Padding`] form if the padding right after it allows, else an island in
 /// padding within reach of a `jmp rel8`. Each byte of padding serves one hook.
 pub fn analyze_for(inv: &Inventory, data: &[u8], ra: ReturnAddress) -> Vec<Verdict> {
-    let locals: Vec<Local> = inv
-        .functions
-        .iter()
-        .map(|f| local(inv, data, f, ra))
-        .collect();
-    let mut module = Module::scan(inv, data, MAX_PATCH_LEN as u64);
+    analyze_on(inv, data, ra, 1)
+}
+
+/// [`analyze_for`] on up to `threads` threads: the same verdicts, sooner for a big module.
+pub fn analyze_on(inv: &Inventory, data: &[u8], ra: ReturnAddress, threads: usize) -> Vec<Verdict> {
+    let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads);
+    verdicts_for(inv, data, ra, module, threads)
+}
+
+/// [`analyze_on`] in both modes, `(Replaced, Kept)`, decoding the module once: a program
+/// whose unwinder gets pre-hooks (return address kept) and whose functions are traced
+/// (replaced) needs both, and the decoding is most of the work.
+pub fn analyze_both(inv: &Inventory, data: &[u8], threads: usize) -> (Vec<Verdict>, Vec<Verdict>) {
+    let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads);
+    if threads < 2 {
+        let replaced = verdicts_for(inv, data, ReturnAddress::Replaced, module.clone(), 1);
+        return (replaced, verdicts_for(inv, data, ReturnAddress::Kept, module, 1));
+    }
+    let copy = module.clone();
+    std::thread::scope(|sc| {
+        let kept = sc.spawn(move || verdicts_for(inv, data, ReturnAddress::Kept, copy, 1));
+        let replaced = verdicts_for(inv, data, ReturnAddress::Replaced, module.clone(), threads - 1);
+        let kept = kept.join().unwrap_or_else(|_| verdicts_for(inv, data, ReturnAddress::Kept, module, 1));
+        (replaced, kept)
+    })
+}
+
+fn verdicts_for(inv: &Inventory, data: &[u8], ra: ReturnAddress, mut module: Module, threads: usize) -> Vec<Verdict> {
+    let local_of = |fs: &[Function]| fs.iter().map(|f| local(inv, data, f, ra)).collect::<Vec<Local>>();
+    let locals: Vec<Local> = if threads > 1 && inv.functions.len() > 1024 {
+        let per = inv.functions.len().div_ceil(threads);
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = inv.functions.chunks(per).map(|fs| (fs, sc.spawn(move || local_of(fs)))).collect();
+            // A thread that panicked has its share done again here.
+            handles.into_iter().flat_map(|(fs, h)| h.join().unwrap_or_else(|_| local_of(fs))).collect()
+        })
+    } else {
+        local_of(&inv.functions)
+    };
     let mut verdicts = Vec::with_capacity(locals.len());
     let mut pending = Vec::new();
     for (i, (f, l)) in inv.functions.iter().zip(&locals).enumerate() {
@@ -695,6 +728,19 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
         instrs.push(instr);
     }
     let back = orig_addr.wrapping_add(code.len() as u64);
+    // Most prologues (pushes, `mov rbp, rsp`, `sub rsp`, `endbr64`) do not depend on where
+    // they run: their bytes move as they are, and only the jump back is new. This skips the
+    // block encoder, which took most of the start-up of a program whose analysis is cached.
+    if instrs.iter().all(runs_anywhere) {
+        let mut out = code.to_vec();
+        if instrs.last().is_some_and(is_terminator) {
+            return Ok(out);
+        }
+        if let Some(jmp) = jmp_rel32(new_addr.wrapping_add(code.len() as u64), back) {
+            out.extend_from_slice(&jmp);
+            return Ok(out);
+        }
+    }
     let encode_err = |e: iced_x86::IcedError| RelocError::Encode {
         new_addr,
         msg: e.to_string(),
@@ -768,6 +814,35 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
         });
     }
     Ok(out)
+}
+
+/// Whether an instruction does the same wherever it is: no RIP-relative operand, no relative
+/// branch, no call (which pushes its own address).
+fn runs_anywhere(i: &Instruction) -> bool {
+    !i.is_ip_rel_memory_operand()
+        && matches!(
+            i.flow_control(),
+            FlowControl::Next
+                | FlowControl::Return
+                | FlowControl::IndirectBranch
+                | FlowControl::Interrupt
+                | FlowControl::Exception
+        )
+}
+
+/// Whether `code` (whole instructions) runs unchanged at any address and then falls through
+/// to the next byte: [`relocate`] makes it `code` followed by a `jmp` back. A program whose
+/// analysis is cached can then move it by copying, without decoding it again.
+pub fn moves_as_is(code: &[u8]) -> bool {
+    let mut decoder = Decoder::new(64, code, DecoderOptions::NONE);
+    let mut instr = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() || !runs_anywhere(&instr) || instr.flow_control() != FlowControl::Next {
+            return false;
+        }
+    }
+    !code.is_empty()
 }
 
 /// Upper bound of [`relocate`]'s output for `patch_len` displaced bytes, for laying out

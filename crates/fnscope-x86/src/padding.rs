@@ -42,6 +42,7 @@ struct Run {
 
 /// References into the first bytes of functions and into unclaimed bytes, and the free
 /// padding runs.
+#[derive(Clone)]
 pub(crate) struct Module {
     /// Sorted by target.
     refs: Vec<Ref>,
@@ -50,9 +51,10 @@ pub(crate) struct Module {
 }
 
 impl Module {
-    /// Decodes all code of `inv` once. References are kept when they land within
-    /// `near_start` bytes of a function start or outside every claim.
-    pub(crate) fn scan(inv: &Inventory, data: &[u8], near_start: u64) -> Module {
+    /// Decodes all code of `inv` once, in pieces on up to `threads` threads. References are
+    /// kept when they land in code, within `near_start` bytes of a function start or outside
+    /// every claim.
+    pub(crate) fn scan(inv: &Inventory, data: &[u8], near_start: u64, threads: usize) -> Module {
         let owned = coalesce(&inv.claims);
         let is_owned = |a: u64| {
             let i = owned.partition_point(|r| r.0 <= a);
@@ -66,64 +68,49 @@ impl Module {
             .collect();
         let mut after_terminator = vec![false; gap_starts.len()];
         let starts: Vec<u64> = inv.functions.iter().map(|f| f.address).collect();
+        // Only code can hold a patch or padding: references to data (most RIP-relative
+        // operands) are dropped first, without the two searches.
         let interesting = |t: u64| {
+            if inv.code_range(t).is_none() {
+                return false;
+            }
             let j = starts.partition_point(|&s| s <= t);
             (j > 0 && t - starts[j - 1] < near_start) || !is_owned(t)
         };
+        let pieces = pieces(inv, data, &starts, threads);
+        let scan_piece = |&(bytes, base, from, to): &Piece<'_>| {
+            scan_piece(bytes, base, from, to, &starts, &gap_starts, &interesting)
+        };
+        let results: Vec<(Vec<Ref>, Vec<(usize, bool)>)> = if threads > 1 && pieces.len() > 1 {
+            // Pieces in order: each thread takes every `threads`-th one.
+            let mut out: Vec<Option<(Vec<Ref>, Vec<(usize, bool)>)>> = vec![None; pieces.len()];
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (pieces, scan_piece) = (&pieces, &scan_piece);
+                        sc.spawn(move || {
+                            pieces.iter().enumerate().skip(t).step_by(threads).map(|(i, p)| (i, scan_piece(p))).collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    // A piece's scan does not panic; if a thread did, its pieces are scanned
+                    // again below.
+                    for (i, r) in h.join().unwrap_or_default() {
+                        out[i] = Some(r);
+                    }
+                }
+            });
+            out.into_iter().zip(&pieces).map(|(r, p)| r.unwrap_or_else(|| scan_piece(p))).collect()
+        } else {
+            pieces.iter().map(scan_piece).collect()
+        };
         let mut refs = Vec::new();
-        let mut instr = Instruction::default();
-        for range in &inv.code {
-            let Some(bytes) = inv.code_bytes(data, range.address) else {
-                continue;
-            };
-            let base = range.address;
-            let end = base + bytes.len() as u64;
-            let mut decoder = Decoder::with_ip(64, bytes, base, DecoderOptions::NONE);
-            let mut k = starts.partition_point(|&s| s < base);
-            let mut g = gap_starts.partition_point(|&s| s <= base);
-            while decoder.can_decode() {
-                let ip = decoder.ip();
-                if k < starts.len() && starts[k] <= ip {
-                    let s = starts[k];
-                    k += 1;
-                    if s < ip && s < end {
-                        // The previous instruction ran over a function start: decode from there.
-                        reposition(&mut decoder, base, s);
-                        g = gap_starts.partition_point(|&x| x <= s);
-                        continue;
-                    }
-                }
-                decoder.decode_out(&mut instr);
-                if instr.is_invalid() {
-                    reposition(&mut decoder, base, ip + 1);
-                    continue;
-                }
-                let next = instr.next_ip();
-                while g < gap_starts.len() && gap_starts[g] <= next {
-                    if gap_starts[g] == next {
-                        after_terminator[g] = is_terminator(&instr);
-                    }
-                    g += 1;
-                }
-                let (target, kind) = if is_near_branch(&instr) {
-                    (instr.near_branch_target(), RefKind::Branch)
-                } else if instr.is_ip_rel_memory_operand() {
-                    let kind = if instr.mnemonic() == Mnemonic::Lea {
-                        RefKind::Lea
-                    } else {
-                        RefKind::Memory
-                    };
-                    (instr.ip_rel_memory_address(), kind)
-                } else {
-                    continue;
-                };
-                if interesting(target) {
-                    refs.push(Ref {
-                        target,
-                        source: ip,
-                        kind,
-                    });
-                }
+        // In piece order, as one pass from start to end would have set them.
+        for (r, terms) in results {
+            refs.extend(r);
+            for (g, t) in terms {
+                after_terminator[g] = t;
             }
         }
         refs.sort_unstable_by_key(|r| (r.target, r.source));
@@ -187,6 +174,103 @@ impl Module {
         }
         None
     }
+}
+
+/// A piece of code to decode: the code range's bytes and address, and the piece's bounds (the
+/// first a function start or the range's start, the second the next piece's start).
+type Piece<'a> = (&'a [u8], u64, u64, u64);
+
+/// Splits the code of `inv` at function starts into pieces of about equal size, a few per
+/// thread (pieces of one size can still take different times).
+fn pieces<'a>(inv: &Inventory, data: &'a [u8], starts: &[u64], threads: usize) -> Vec<Piece<'a>> {
+    let total: u64 = inv.code.iter().map(|r| r.size).sum();
+    let target = (total / (4 * threads.max(1) as u64)).max(1 << 16);
+    let mut out = Vec::new();
+    for range in &inv.code {
+        let Some(bytes) = inv.code_bytes(data, range.address) else {
+            continue;
+        };
+        let (base, end) = (range.address, range.address + bytes.len() as u64);
+        let mut from = base;
+        let first = starts.partition_point(|&s| s <= base);
+        for &s in starts[first..].iter().take_while(|&&s| s < end) {
+            if s - from >= target {
+                out.push((bytes, base, from, s));
+                from = s;
+            }
+        }
+        out.push((bytes, base, from, end));
+    }
+    out
+}
+
+/// Decodes `[from, to)` of a code range (`bytes` at `base`), as [`Module::scan`] does all of
+/// it: the references kept and, for gaps right after the piece's instructions, whether a
+/// terminator ends before them (by index in `gap_starts`).
+fn scan_piece(
+    bytes: &[u8],
+    base: u64,
+    from: u64,
+    to: u64,
+    starts: &[u64],
+    gap_starts: &[u64],
+    interesting: &dyn Fn(u64) -> bool,
+) -> (Vec<Ref>, Vec<(usize, bool)>) {
+    let (mut refs, mut terms) = (Vec::new(), Vec::new());
+    let end = base + bytes.len() as u64;
+    let mut instr = Instruction::default();
+    let mut decoder = Decoder::with_ip(64, bytes, base, DecoderOptions::NONE);
+    reposition(&mut decoder, base, from);
+    let mut k = starts.partition_point(|&s| s < from);
+    let mut g = gap_starts.partition_point(|&s| s <= from);
+    while decoder.can_decode() {
+        let ip = decoder.ip();
+        if ip >= to {
+            break;
+        }
+        if k < starts.len() && starts[k] <= ip {
+            let s = starts[k];
+            k += 1;
+            if s < ip && s < end {
+                // The previous instruction ran over a function start: decode from there.
+                reposition(&mut decoder, base, s);
+                g = gap_starts.partition_point(|&x| x <= s);
+                continue;
+            }
+        }
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() {
+            reposition(&mut decoder, base, ip + 1);
+            continue;
+        }
+        let next = instr.next_ip();
+        while g < gap_starts.len() && gap_starts[g] <= next {
+            if gap_starts[g] == next {
+                terms.push((g, is_terminator(&instr)));
+            }
+            g += 1;
+        }
+        let (target, kind) = if is_near_branch(&instr) {
+            (instr.near_branch_target(), RefKind::Branch)
+        } else if instr.is_ip_rel_memory_operand() {
+            let kind = if instr.mnemonic() == Mnemonic::Lea {
+                RefKind::Lea
+            } else {
+                RefKind::Memory
+            };
+            (instr.ip_rel_memory_address(), kind)
+        } else {
+            continue;
+        };
+        if interesting(target) {
+            refs.push(Ref {
+                target,
+                source: ip,
+                kind,
+            });
+        }
+    }
+    (refs, terms)
 }
 
 /// End of the `nop`/`int3` instructions from `start`, at most `limit`.

@@ -7,7 +7,8 @@ use std::process::Command;
 use fnscope_abi::skip_reason;
 use fnscope_symbols::Inventory;
 use fnscope_x86::{
-    analyze, analyze_for, max_relocated_len, relocate, HookForm, ReturnAddress, Stage, Verdict,
+    analyze, analyze_both, analyze_for, analyze_on, max_relocated_len, moves_as_is, relocate,
+    HookForm, ReturnAddress, Stage, Verdict,
 };
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic};
 
@@ -563,5 +564,41 @@ fn system_functions_relocate() {
             n += 1;
         }
         assert!(n > 1000, "{p}: only {n} hookable");
+    }
+}
+
+/// The analysis on several threads (the module decoded in pieces), and of both modes at once,
+/// gives the verdicts of the plain one; prologues that move as they are relocate to their own
+/// bytes and a jump back.
+#[test]
+fn threads_and_modes_agree() {
+    for p in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git"] {
+        let path = Path::new(p);
+        if !path.exists() {
+            continue;
+        }
+        let data = std::fs::read(path).unwrap();
+        let inv = fnscope_symbols::load_bytes(path, &data).unwrap();
+        let replaced = analyze_for(&inv, &data, ReturnAddress::Replaced);
+        let kept = analyze_for(&inv, &data, ReturnAddress::Kept);
+        let same = |a: &[Verdict], b: &[Verdict]| format!("{a:?}") == format!("{b:?}");
+        assert!(same(&replaced, &analyze_on(&inv, &data, ReturnAddress::Replaced, 3)), "{p}: threads");
+        for threads in [1, 3] {
+            let (r, k) = analyze_both(&inv, &data, threads);
+            assert!(same(&replaced, &r) && same(&kept, &k), "{p}: both modes, {threads} threads");
+        }
+        let mut as_is = 0;
+        for (f, v) in inv.functions.iter().zip(&replaced) {
+            let Some(len) = v.relocate_len() else { continue };
+            let bytes = &inv.code_bytes(&data, f.address).unwrap()[..len];
+            if moves_as_is(bytes) {
+                let new_addr = f.address + (3 << 29);
+                let out = relocate(bytes, f.address, new_addr).unwrap();
+                assert_eq!(&out[..len], bytes, "{p}: {}", f.display_name());
+                assert_eq!(out.len(), len + 5, "{p}: {}", f.display_name());
+                as_is += 1;
+            }
+        }
+        assert!(as_is > 100, "{p}: only {as_is} prologues move as they are");
     }
 }
