@@ -7,10 +7,12 @@ image table, patching), so short-lived processes show it best: `make -j2` of a g
 10-file C project (each gcc runs cc1, as, collect2, ld), `cc1plus --version` (41k functions)
 and `git --version`.
 
-    bench/startup.py [--fnscope target/release/fnscope] [--runs 7] [--cold]
+    bench/startup.py [--fnscope target/release/fnscope]... [--runs 7] [--cold]
 
---cold also times the first traced run of `cc1plus --version` with an empty analysis cache
-(a cache folder of its own, under a temporary XDG_CACHE_HOME).
+Several --fnscope binaries (say, before and after a change) are timed interleaved with the
+native runs. --cold also times the first traced run of `cc1plus --version` with an empty
+analysis cache (a cache folder of its own, under a temporary XDG_CACHE_HOME) and a warm run
+after it.
 """
 
 import argparse
@@ -49,11 +51,12 @@ def timed(cmd, cwd=None, env=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fnscope", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "fnscope"))
+    ap.add_argument("--fnscope", action="append")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--cold", action="store_true")
     a = ap.parse_args()
-    fns = os.path.abspath(a.fnscope)
+    default = os.path.join(os.path.dirname(__file__), "..", "target", "release", "fnscope")
+    binaries = [os.path.abspath(b) for b in (a.fnscope or [default])]
     cc1plus = subprocess.run(["g++", "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
     work = tempfile.mkdtemp(prefix="fnscope-startup-")
     proj = os.path.join(work, "proj")
@@ -61,7 +64,7 @@ def main():
     generate(proj)
     clean = ["make", "-s", "-C", proj, "clean"]
 
-    def traced(cmd):
+    def traced(fns, cmd):
         shutil.rmtree(out, ignore_errors=True)
         return [fns, "record", "-o", out, "--"] + cmd
 
@@ -70,41 +73,51 @@ def main():
         ("cc1plus --version", [cc1plus, "--version"], None, False),
         ("git --version", ["git", "--version"], None, False),
     ]
-    print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min); {os.cpu_count()} cores; {a.runs} runs each")
-    results = []
+    load = os.getloadavg()
+    print(f"load before: {load[0]:.2f} {load[1]:.2f} (1, 5 min); {os.cpu_count()} cores; {a.runs} runs each, medians")
+    for i, b in enumerate(binaries):
+        print(f"[{i}] {b}")
+    rows = []
     try:
         for name, cmd, cwd, needs_clean in cases:
+            cmds = [cmd] + [traced(b, cmd) for b in binaries]
             # Warm-up: the analysis cache, the page cache.
-            for c in (cmd, traced(cmd)):
+            for c in cmds:
                 if needs_clean:
                     subprocess.run(clean, check=True, stdout=subprocess.DEVNULL)
                 timed(c, cwd)
-            native, tr = [], []
+            times = [[] for _ in cmds]
             for _ in range(a.runs):
-                for kind in (native, tr):
+                for k, c in enumerate(cmds):
                     if needs_clean:
                         subprocess.run(clean, check=True, stdout=subprocess.DEVNULL)
-                    kind.append(timed(cmd if kind is native else traced(cmd), cwd))
-            results.append((name, statistics.median(native), statistics.median(tr)))
+                    if k > 0:
+                        shutil.rmtree(out, ignore_errors=True)
+                    times[k].append(timed(c, cwd))
+            rows.append((name, [statistics.median(t) for t in times]))
         if a.cold:
             cache_home = os.path.join(work, "cache")
             env = dict(os.environ, XDG_CACHE_HOME=cache_home)
-            cold, warm = [], []
+            cold = [[] for _ in binaries]
+            warm = [[] for _ in binaries]
             for _ in range(a.runs):
-                shutil.rmtree(cache_home, ignore_errors=True)
-                cold.append(timed(traced([cc1plus, "--version"]), env=env))
-                warm.append(timed(traced([cc1plus, "--version"]), env=env))
-            results.append(("cc1plus --version, cold cache", statistics.median(warm), statistics.median(cold)))
+                for k, b in enumerate(binaries):
+                    shutil.rmtree(cache_home, ignore_errors=True)
+                    cold[k].append(timed(traced(b, [cc1plus, "--version"]), env=env))
+                    warm[k].append(timed(traced(b, [cc1plus, "--version"]), env=env))
+            rows.append(("cc1plus, cold cache", [None] + [statistics.median(t) for t in cold]))
+            rows.append(("cc1plus, right after", [None] + [statistics.median(t) for t in warm]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'':32} {'native ms':>10} {'traced ms':>10} {'ratio':>7}")
-    for name, n, t in results:
-        label = "warm ms" if "cold" in name else ""
-        if label:
-            print(f"{name:32} {n * 1e3:10.1f} {t * 1e3:10.1f} {t / n:7.2f}   (first column: traced, warm)")
-        else:
-            print(f"{name:32} {n * 1e3:10.1f} {t * 1e3:10.1f} {t / n:7.2f}")
-    print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    head = f"{'':24} {'native ms':>10}" + "".join(f" {f'[{i}] ms':>9} {f'[{i}] ×':>7}" for i in range(len(binaries)))
+    print(head)
+    for name, t in rows:
+        line = f"{name:24} " + (f"{t[0] * 1e3:10.1f}" if t[0] else f"{'':10}")
+        for x in t[1:]:
+            line += f" {x * 1e3:9.1f} " + (f"{x / t[0]:7.2f}" if t[0] else f"{'':7}")
+        print(line)
+    load = os.getloadavg()
+    print(f"load after: {load[0]:.2f} {load[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -174,7 +174,8 @@ pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
                 c as usize,
                 len as usize,
                 (PROT_READ | PROT_WRITE) as usize,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as usize,
+                // Populated: every page is written next, and one call faults them all in.
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE) as usize,
                 usize::MAX,
                 0,
             )
@@ -378,7 +379,12 @@ fn build_slots(
         SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
         SlotKind::Count => COUNT_CODE_OFFSET,
     };
-    let slot_len = |p: &Planned| round_up(code_offset + fnscope_x86::max_relocated_len(p.hook.relocate_len.into()), 16);
+    // A prologue copied as it is takes its own bytes and a 5-byte jump back: half the room of
+    // the worst case of re-encoding, so half the pages to fault in and fill.
+    let slot_len = |p: &Planned| {
+        let code = if p.as_is { usize::from(p.hook.relocate_len) + fnscope_x86::JMP_LEN } else { fnscope_x86::max_relocated_len(p.hook.relocate_len.into()) };
+        round_up(code_offset + code, 16)
+    };
     let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
     let area = alloc_near(lo, hi, total).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
     let target = match kind {
@@ -418,16 +424,23 @@ fn build_slots(
         // SAFETY: reads `relocate_len` bytes of a function's code in a mapped executable
         // segment.
         let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.hook.relocate_len.into()) };
-        let back = fnscope_x86::jmp_rel32(code_at + orig.len() as u64, p.addr + orig.len() as u64);
-        let reloc = match back.filter(|_| p.as_is) {
-            Some(jmp) => [orig, &jmp[..]].concat(),
-            None => match fnscope_x86::relocate(orig, p.addr, code_at) {
+        let reloc = if p.as_is {
+            // The area lies within a 32-bit displacement of the whole module (`alloc_near`).
+            match fnscope_x86::jmp_rel32(code_at + orig.len() as u64, p.addr + orig.len() as u64) {
+                Some(jmp) => [orig, &jmp[..]].concat(),
+                None => {
+                    failed.push((p.index, "trampoline out of reach".to_string()));
+                    continue;
+                }
+            }
+        } else {
+            match fnscope_x86::relocate(orig, p.addr, code_at) {
                 Ok(r) => r,
                 Err(e) => {
                     failed.push((p.index, e.to_string()));
                     continue;
                 }
-            },
+            }
         };
         let entry = match kind {
             SlotKind::Trace | SlotKind::Prehook => slot,

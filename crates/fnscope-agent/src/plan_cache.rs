@@ -261,10 +261,15 @@ fn checksum(b: &[u8]) -> u64 {
     lanes.iter().fold(tail ^ b.len() as u64, |h, &l| (h ^ l).wrapping_mul(K).rotate_left(31))
 }
 
-/// Threads a first analysis may use: every processor (at most 8), when creating a thread runs
-/// the C library's own `pthread_create` and not one the program defines (the agent never runs
-/// the program's code at start-up).
+/// Threads a first analysis may use: every processor (at most 8) at start-up, when creating a
+/// thread runs the C library's own `pthread_create` and not one the program defines (the agent
+/// never runs the program's code at start-up).
 fn threads() -> usize {
+    // Once tracing runs (a library loaded later), helper threads would run hooked code (the C
+    // library's, with `--lib libc`) and show up in the trace.
+    if crate::active() {
+        return 1;
+    }
     // SAFETY: dlsym with RTLD_DEFAULT and a valid C string only looks a symbol up.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pthread_create".as_ptr()) } as u64;
     let libc_own = crate::hook::loaded_objects().iter().any(|o| {

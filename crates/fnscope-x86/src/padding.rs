@@ -81,9 +81,9 @@ impl Module {
         let scan_piece = |&(bytes, base, from, to): &Piece<'_>| {
             scan_piece(bytes, base, from, to, &starts, &gap_starts, &interesting)
         };
-        let results: Vec<(Vec<Ref>, Vec<(usize, bool)>)> = if threads > 1 && pieces.len() > 1 {
+        let results: Vec<Scanned> = if threads > 1 && pieces.len() > 1 {
             // Pieces in order: each thread takes every `threads`-th one.
-            let mut out: Vec<Option<(Vec<Ref>, Vec<(usize, bool)>)>> = vec![None; pieces.len()];
+            let mut out: Vec<Option<Scanned>> = vec![None; pieces.len()];
             std::thread::scope(|sc| {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
@@ -176,6 +176,10 @@ impl Module {
     }
 }
 
+/// What [`scan_piece`] finds: references, and whether a terminator ends right before each
+/// gap (by index in `gap_starts`) the piece's instructions reach.
+type Scanned = (Vec<Ref>, Vec<(usize, bool)>);
+
 /// A piece of code to decode: the code range's bytes and address, and the piece's bounds (the
 /// first a function start or the range's start, the second the next piece's start).
 type Piece<'a> = (&'a [u8], u64, u64, u64);
@@ -215,7 +219,7 @@ fn scan_piece(
     starts: &[u64],
     gap_starts: &[u64],
     interesting: &dyn Fn(u64) -> bool,
-) -> (Vec<Ref>, Vec<(usize, bool)>) {
+) -> Scanned {
     let (mut refs, mut terms) = (Vec::new(), Vec::new());
     let end = base + bytes.len() as u64;
     let mut instr = Instruction::default();
