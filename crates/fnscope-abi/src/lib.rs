@@ -32,8 +32,14 @@ pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 pub const REGION_VERSION: u32 = 5;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
-/// Default chunk size (header included).
-pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 16;
+/// Chunk size (header included) of a recording that writes a trace. The recorder's cost per
+/// chunk (a zstd frame, a scan of the region, a hand-over) is spread over more calls than
+/// with 64 KiB: with arguments recorded (four slots a call), 64 KiB chunks made the recorder
+/// the bottleneck of fib-like programs.
+pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 18;
+/// Chunk size of a flight recording: its rings keep whole chunks, so smaller ones keep the
+/// last moments of a thread at a finer grain (`--flight=64K` keeps one).
+pub const FLIGHT_CHUNK_SIZE: u32 = 1 << 16;
 
 /// First page of the shared region.
 #[repr(C)]
@@ -50,8 +56,8 @@ pub struct RegionHeader {
     pub next_image_sid: u32,
     /// Records dropped because no chunk was free in time, summed over all threads.
     pub lost_records: u64,
-    /// Hint for the next chunk to try, to spread the search.
-    pub next_chunk_hint: u32,
+    /// Unused (it was a hint where to look for a free chunk; agents now take the lowest).
+    pub reserved: u32,
     /// Number of agent instances that initialised (for the summary).
     pub agents: u32,
     /// Process id of the recorder: an agent that finds it gone stops recording (and removes
@@ -234,9 +240,28 @@ pub mod data {
         tag as u32 == 0 && tag != 0
     }
 
-    /// The tag of the data slots of a unit of `words` words.
+    /// The tag of the data slots of a unit of `words` words (its header among them).
     pub const fn tag(words: u64) -> u64 {
         words << 32
+    }
+
+    /// Tag bit: the unit's header is not in the slots but implied by the tag (layout
+    /// [`LAYOUT_INT_REGS`], no injection), with its entry words in bits 40-47 and return words
+    /// in bits 48-55. The exit stub's fast path writes such units: one word less per call
+    /// (a slot less when it makes the count even).
+    pub const TAG_IMPLIED_HEADER: u64 = 1 << 63;
+
+    /// Words in the slots of the unit a tag belongs to (the implied header not counted).
+    pub const fn tag_words(tag: u64) -> usize {
+        ((tag >> 32) & 0xff) as usize
+    }
+
+    /// The header a tag implies, if it does ([`TAG_IMPLIED_HEADER`]).
+    pub const fn implied_header(tag: u64) -> Option<u64> {
+        if tag & TAG_IMPLIED_HEADER == 0 {
+            return None;
+        }
+        Some(header((tag >> 40) & 0xff, (tag >> 48) & 0xff, LAYOUT_INT_REGS, 0, 0))
     }
 }
 

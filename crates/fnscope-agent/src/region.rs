@@ -220,18 +220,21 @@ pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
     let n = NCHUNKS.load(Ordering::Relaxed);
     let hdr = header();
     // SAFETY: aligned u32 inside the mapped header.
-    let hint = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).next_chunk_hint)) };
-    // SAFETY: aligned u32 inside the mapped header.
     let used = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).chunks_used)) };
     // Roughly two seconds at a few GHz; the agent has no calibration of its own.
     let deadline = crate::stubs::tsc().wrapping_add(6_000_000_000);
     loop {
-        let start = hint.fetch_add(1, Ordering::Relaxed);
-        for k in 0..n {
-            let i = start.wrapping_add(k) % n;
+        // First fit: the lowest free chunk. The recorder frees a chunk soon after it is
+        // handed over, so the program cycles through the few chunks it needs, pages mapped
+        // and warm; starting anywhere else walks it through every page of the region once
+        // whenever the recorder is a little late (a minor fault per 4 KiB written).
+        let below = used.load(Ordering::Acquire).min(n);
+        for i in 0..n {
             let c = chunk(i);
-            // Before the chunk can be ours, so that the recorder never skips a chunk in use.
-            used.fetch_max(i + 1, Ordering::AcqRel);
+            if i >= below {
+                // Before the chunk can be ours, so that the recorder never skips a chunk in use.
+                used.fetch_max(i + 1, Ordering::AcqRel);
+            }
             if state_of(c).compare_exchange(fnscope_abi::CHUNK_FREE, CHUNK_OWNED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 // SAFETY: we own the chunk now; its header is ours to fill.
                 unsafe {

@@ -411,15 +411,39 @@ fnscope_exit_args:
     mov rsi, qword ptr [r11 + 8]
     sub rsi, 1
     jb .Lxa_slow
-    /* Fast: rsi = return words (0 or 1: rax). Unit = header, entry words, rax. */
+    /* Fast: rsi = return words (0 or 1: rax). Unit = header, entry words, rax. When the
+       entry stub wrote the frame (integer registers, no injection), the tag implies the
+       header (TAG_IMPLIED_HEADER) and the header word is not copied. */
     mov [rsp - 56], rax
     movzx eax, word ptr [rdi]
     mov r11, [rsp - 8]
     mov qword ptr [rdi + rax * 8 + 8], r11
+    cmp dword ptr [rdi + 4], {layout_int_regs}
+    jne .Lxa_explicit
+    lea r11, [rax + rsi]
+    test r11, r11
+    jz .Lxa_slow_ts
+    /* Tag = words << 32 | implied | entry words << 40 | return words << 48. */
+    shl rax, 40
+    shl rsi, 48
+    or rax, rsi
+    mov rsi, r11
+    shl rsi, 32
+    or rax, rsi
+    bts rax, 63
+    mov [rsp - 72], rax
+    jmp .Lxa_reserve
+.Lxa_explicit:
     lea r11, [rax + rsi + 1]
     shl rsi, 16
     or rsi, qword ptr [rdi]
     mov qword ptr [rdi], rsi
+    mov rax, r11
+    shl rax, 32
+    mov [rsp - 72], rax
+    /* The copy below starts a word in: from the header here. */
+    sub rdi, 8
+.Lxa_reserve:
     /* r11 = words; slots = (words + 1) / 2, plus the record. */
     mov [rsp - 64], r11
     lea rsi, [r11 + 3]
@@ -431,8 +455,8 @@ fnscope_exit_args:
     cmp rax, qword ptr [rdx + 24]
     ja .Lxa_full
     /* Data slots: two words and the tag each; a unit of an odd count pads its last slot. */
-    mov rax, [rsp - 64]
-    shl rax, 32
+    mov rax, [rsp - 72]
+    add rdi, 8
 .Lxa_slot:
     mov r11, qword ptr [rdi]
     mov qword ptr [rsi], r11
@@ -472,6 +496,7 @@ fnscope_exit_args:
     mov rdx, rax
     call fnscope_args_pad
     RESTORE_ALL
+.Lxa_slow_ts:
     mov rax, [rsp - 56]
 .Lxa_slow:
     SAVE_ALL
@@ -610,6 +635,7 @@ fnscope_rdtsc:
     args_off = const core::mem::offset_of!(crate::thread::ThreadState, args_base),
     args_depth_bytes = const crate::args::ARGS_DEPTH * 32,
     data_bit = const 56 + 2,
+    layout_int_regs = const fnscope_abi::data::LAYOUT_INT_REGS,
     descs = sym crate::args::DESCS,
 );
 

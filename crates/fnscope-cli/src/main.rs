@@ -45,7 +45,7 @@ enum Command {
         /// Shared buffer size in MiB. When it is full, a thread that needs a new chunk waits
         /// at most about 2 seconds for fnscope to free one, then drops its records: the program
         /// runs on, and the calls lost are counted in the summary line and in `fnscope info`.
-        #[arg(long = "buffer-mb", default_value_t = 64)]
+        #[arg(long = "buffer-mb", default_value_t = 256)]
         buffer_mb: u32,
         /// Say what the agent does in each process.
         #[arg(short, long)]
@@ -411,16 +411,17 @@ fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
         Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, mono_no_inline, filters, values, flight, upload, token, tags, command } => {
-            let chunks = (buffer_mb.max(2) * (1 << 20) / fnscope_abi::DEFAULT_CHUNK_SIZE).max(2);
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
             let filters = filters.check(count)?;
             let values = values.check(count)?;
             let flight = flight.check(count)?;
+            let chunk_size = if flight.is_some() { fnscope_abi::FLIGHT_CHUNK_SIZE } else { fnscope_abi::DEFAULT_CHUNK_SIZE };
+            let chunks = (u64::from(buffer_mb.max(2)) * (1 << 20) / u64::from(chunk_size)).clamp(2, u64::from(u32::MAX)) as u32;
             let plan_cache = !no_cache;
             let trace = output.clone();
             let flight_mode = flight.is_some();
-            let out = record::record(&record::RecordOptions { output, libs, chunks, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, values, flight, command })?;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, chunk_size, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, values, flight, command })?;
             if let Some(server) = upload {
                 // A flight recording's calls are in its snapshots, which overlap and share
                 // the run's identity: the last one goes (the crash or the exit, when taken).

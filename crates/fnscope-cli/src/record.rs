@@ -22,6 +22,8 @@ pub struct RecordOptions {
     pub libs: Vec<String>,
     /// Number of chunks in the shared region.
     pub chunks: u32,
+    /// Bytes per chunk (`fnscope_abi::DEFAULT_CHUNK_SIZE` or `FLIGHT_CHUNK_SIZE`).
+    pub chunk_size: u32,
     /// Print what the agent does.
     pub verbose: bool,
     /// Count calls only (no timestamps).
@@ -354,8 +356,7 @@ struct Region {
 }
 
 impl Region {
-    fn create(dir: &Path, nchunks: u32) -> Result<Region> {
-        let chunk_size = fnscope_abi::DEFAULT_CHUNK_SIZE;
+    fn create(dir: &Path, nchunks: u32, chunk_size: u32) -> Result<Region> {
         let shm = Path::new("/dev/shm");
         let base = if shm.is_dir() { shm.to_path_buf() } else { dir.to_path_buf() };
         let path = base.join(format!("fnscope-{}-{}", std::process::id(), clock_ns(libc::CLOCK_MONOTONIC)));
@@ -506,11 +507,6 @@ impl Region {
         v
     }
 
-    fn hint(&self) -> &AtomicU32 {
-        // SAFETY: aligned u32 in the header, shared with agents.
-        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).next_chunk_hint)) }
-    }
-
     fn requests(&self) -> &AtomicU32 {
         // SAFETY: aligned u32 in the header, shared with agents and `fnscope snapshot`.
         unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).snapshot_requests)) }
@@ -579,6 +575,8 @@ struct Recorder {
     crash_signal: Option<i32>,
     /// `--min-duration` in ticks, for the calls the recorder closes itself.
     min_ticks: u64,
+    /// Call records and data units of the chunk being written, kept from chunk to chunk.
+    split: (Vec<Record>, fnscope_format::CallData),
 }
 
 impl Recorder {
@@ -679,8 +677,9 @@ impl Recorder {
             self.store(seg, from)?;
         } else if crate::flight::has_data_slots(recs) {
             // Straight from shared memory too: the data slots are split off as they are read.
-            let (calls, data) = fnscope_format::split_data(recs);
-            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, &calls, &data)?;
+            let (calls, data) = &mut self.split;
+            fnscope_format::split_data_into(recs, calls, data);
+            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, calls, data)?;
             self.calls += calls.len() as u64;
             self.pids.insert(pid);
         } else {
@@ -697,10 +696,6 @@ impl Recorder {
             std::ptr::write_bytes(base.add(4), 0, used - 4);
         }
         self.region.state(i).store(CHUNK_FREE, Ordering::Release);
-        // The next thread that needs a chunk starts looking here: chunks are reused last in,
-        // first out, so the program keeps writing into a few pages that are mapped and warm
-        // instead of faulting in every page of the region once.
-        self.region.hint().store(i, Ordering::Relaxed);
         Ok(())
     }
 
@@ -948,7 +943,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     check_program(&program)?;
     let _lock = prepare_dir(&opts.output)?;
     let dir = std::fs::canonicalize(&opts.output)?;
-    let region = Region::create(&dir, opts.chunks)?;
+    let region = Region::create(&dir, opts.chunks, opts.chunk_size)?;
     let agent = crate::agent_lib::path()?;
     let mut writer = TraceWriter::create(&dir.join("trace.fns"))?;
     let (tsc0, mono0, real0) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
@@ -1047,6 +1042,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         requests_seen: 0,
         crash_signal: None,
         min_ticks,
+        split: Default::default(),
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();

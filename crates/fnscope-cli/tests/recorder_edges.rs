@@ -291,7 +291,7 @@ fn full_buffer_drops_and_counts_as_the_help_says() {
     let r = run(&mut cmd, b"", TIMEOUT);
     assert_eq!(r.code, 0, "{}", r.describe());
     let (_, lost) = summary_counts(&r.stderr);
-    assert!(lost > 0, "with 48 threads holding 32 chunks some calls must be lost:\n{}", r.stderr);
+    assert!(lost > 0, "with 48 threads and a 2 MiB buffer some calls must be lost:\n{}", r.stderr);
     let info = info(&trace);
     assert!(info.contains(&format!("records lost:     {lost}\n")), "info agrees with the summary ({lost}):\n{info}");
     let (f_calls, _) = calls_of(&report(&trace).unwrap(), "crowd", "f");

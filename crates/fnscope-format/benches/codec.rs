@@ -59,6 +59,23 @@ fn segment_records() -> Vec<Record> {
     out
 }
 
+/// `recs` with a data unit each, as raw shared-memory slots: fib's argument, two small
+/// counters and the result.
+fn with_values(recs: &[Record]) -> Vec<Record> {
+    use fnscope_abi::data;
+    let tag = 4 << 32 | data::TAG_IMPLIED_HEADER | 3 << 40 | 1 << 48;
+    let mut raw = Vec::with_capacity(recs.len() * 3);
+    for (k, r) in recs.iter().enumerate() {
+        let n = u64::from(r.depth() % 23);
+        raw.push(Record { t_entry: n, t_exit: k as u64 % 7, id_depth: tag });
+        raw.push(Record { t_entry: k as u64 % 5, t_exit: n * 3, id_depth: tag });
+        let mut r = *r;
+        r.id_depth |= u64::from(fnscope_abi::REC_FLAG_DATA) << 56;
+        raw.push(r);
+    }
+    raw
+}
+
 fn meta() -> Meta {
     Meta {
         command: vec!["fib".into(), "22".into()],
@@ -112,6 +129,21 @@ fn codec(c: &mut Criterion) {
             w.write_segment(0, 7, 7, 0, 0, 0, black_box(&recs), &Default::default()).expect("segment");
         })
     });
+
+    // The same with values: each call with three argument words and a return word, in two
+    // data slots before its record as the exit stub's fast path writes them, split and
+    // written as the recorder does (the chunk holds a third as many calls).
+    let raw = with_values(&recs[..recs.len() / 3]);
+    let calls = (raw.len() / 3) as u64;
+    let (mut split, mut data) = (Vec::new(), Default::default());
+    g.throughput(Throughput::Elements(calls));
+    g.bench_function("split_encode_write_values", |b| {
+        b.iter(|| {
+            fnscope_format::split_data_into(black_box(&raw), &mut split, &mut data);
+            w.write_segment(0, 7, 7, 0, 0, 0, &split, &data).expect("segment");
+        })
+    });
+    g.throughput(Throughput::Elements(recs.len() as u64));
 
     // Open the trace written above and read every chunk back, decoding the segment.
     g.bench_function("read_decode", |b| {

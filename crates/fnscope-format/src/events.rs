@@ -6,12 +6,15 @@
 
 use fnscope_abi::Record;
 
-/// zstd level: level 3 keeps even a 1 MiB chunk (the default is 64 KiB) well under a millisecond and fib-like traces near
+/// zstd level: level 3 keeps even a 1 MiB chunk (the default is 256 KiB) well under a millisecond and fib-like traces near
 /// two bytes per record; higher levels cost much more time for a few percent.
 pub(crate) const ZSTD_LEVEL: i32 = 3;
 
+/// zstd level of CALLDATA frames.
+pub(crate) const DATA_ZSTD_LEVEL: i32 = 1;
+
 /// Largest decoded column data accepted, so that a crafted or damaged length cannot make the
-/// reader allocate without bound. A shared-memory chunk (64 KiB by default) decodes to well under twice its size.
+/// reader allocate without bound. A shared-memory chunk (256 KiB by default) decodes to well under twice its size.
 pub(crate) const MAX_DECODED: usize = 256 << 20;
 
 /// Most bytes one record can take in the columns (four 10-byte varints plus a flags varint).
@@ -63,9 +66,49 @@ fn put(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Appends `v` as a LEB128 varint.
-pub(crate) fn put_varint(out: &mut Vec<u8>, v: u64) {
-    put(out, v);
+/// A buffer for varints, grown once to the most a batch can take and kept from batch to
+/// batch (the recorder encodes a chunk every few hundred microseconds and must keep up with
+/// the program).
+#[derive(Default)]
+pub(crate) struct VarintBuf {
+    buf: Vec<u8>,
+}
+
+impl VarintBuf {
+    /// A writer for at most `max_values` varints.
+    pub(crate) fn writer(&mut self, max_values: usize) -> Varints<'_> {
+        let need = max_values * 10;
+        if self.buf.len() < need {
+            self.buf.resize(need, 0);
+        }
+        Varints { buf: &mut self.buf, at: 0 }
+    }
+}
+
+/// Writes LEB128 varints at a cursor that stays in a register: with `Vec::push`, the
+/// vector's length goes through memory for every byte and chains each value to the one before.
+pub(crate) struct Varints<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Varints<'_> {
+    /// Appends `v`.
+    #[inline]
+    pub(crate) fn put(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.buf[self.at] = v as u8 | 0x80;
+            self.at += 1;
+            v >>= 7;
+        }
+        self.buf[self.at] = v as u8;
+        self.at += 1;
+    }
+
+    /// What was written.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[..self.at]
+    }
 }
 
 /// Reads a LEB128 varint at `*at`, moving past it.
@@ -86,37 +129,47 @@ fn unzigzag(v: u64) -> i64 {
 }
 
 /// Encodes records into the uncompressed column layout.
-pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>) {
+pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mut ColumnScratch) {
     let n = records.len();
-    let mut shape = Vec::with_capacity(n + 16);
-    let mut ids = Vec::with_capacity(n + 16);
-    let mut exits = Vec::with_capacity(n * 2 + 16);
-    let mut entries = Vec::with_capacity(n * 2 + 16);
-    let mut pred = Predictor::default();
+    let ColumnScratch { shape, ids, exits, entries, pred } = scratch;
+    // A record takes two varints of shape (the flags only when it has some), one of each other.
+    let (mut shape, mut ids, mut exits, mut entries) = (shape.writer(2 * n), ids.writer(n), exits.writer(n), entries.writer(n));
+    pred.groups.clear();
     let (mut prev_depth, mut prev_id, mut prev_exit) = (0u32, 0u32, 0u64);
     for r in records {
         let hi = (r.id_depth >> 32) as u32;
         let (depth, flags) = (hi & 0x00ff_ffff, hi >> 24);
         let id = r.id_depth as u32;
         let dd = zigzag(depth as i64 - prev_depth as i64);
-        put(&mut shape, dd << 1 | (flags != 0) as u64);
+        shape.put(dd << 1 | (flags != 0) as u64);
         if flags != 0 {
-            put(&mut shape, flags as u64);
+            shape.put(flags as u64);
         }
-        put(&mut ids, zigzag(id.wrapping_sub(prev_id) as i32 as i64));
-        put(&mut exits, r.t_exit.wrapping_sub(prev_exit));
+        ids.put(zigzag(id.wrapping_sub(prev_id) as i32 as i64));
+        exits.put(r.t_exit.wrapping_sub(prev_exit));
         let base = pred.take_children(depth).unwrap_or(r.t_exit);
-        put(&mut entries, base.wrapping_sub(r.t_entry));
+        entries.put(base.wrapping_sub(r.t_entry));
         pred.note(depth, r.t_entry);
         (prev_depth, prev_id, prev_exit) = (depth, id, r.t_exit);
     }
-    put(out, shape.len() as u64);
-    put(out, ids.len() as u64);
-    put(out, exits.len() as u64);
-    out.extend_from_slice(&shape);
-    out.extend_from_slice(&ids);
-    out.extend_from_slice(&exits);
-    out.extend_from_slice(&entries);
+    put(out, shape.bytes().len() as u64);
+    put(out, ids.bytes().len() as u64);
+    put(out, exits.bytes().len() as u64);
+    out.extend_from_slice(shape.bytes());
+    out.extend_from_slice(ids.bytes());
+    out.extend_from_slice(exits.bytes());
+    out.extend_from_slice(entries.bytes());
+}
+
+/// The columns [`encode_columns`] builds, kept by the writer from segment to segment: fresh
+/// ones for every chunk the recorder writes would be a page-faulting allocation each.
+#[derive(Default)]
+pub(crate) struct ColumnScratch {
+    shape: VarintBuf,
+    ids: VarintBuf,
+    exits: VarintBuf,
+    entries: VarintBuf,
+    pred: Predictor,
 }
 
 /// A cursor over one column; every read is bounds-checked.
@@ -215,7 +268,7 @@ mod tests {
 
     fn round_trip(recs: &[Record]) {
         let mut buf = Vec::new();
-        encode_columns(recs, &mut buf);
+        encode_columns(recs, &mut buf, &mut ColumnScratch::default());
         let mut back = Vec::new();
         decode_columns(&buf, recs.len() as u32, &mut back).unwrap();
         assert_eq!(back, recs);
@@ -278,7 +331,7 @@ mod tests {
     fn rejects_short_columns() {
         let recs = [Record::new(1, 2, 3, 0, 0), Record::new(0, 5, 1, 0, 0)];
         let mut buf = Vec::new();
-        encode_columns(&recs, &mut buf);
+        encode_columns(&recs, &mut buf, &mut ColumnScratch::default());
         let mut out = Vec::new();
         assert!(decode_columns(&buf, 3, &mut out).is_err());
         assert!(decode_columns(&buf, 1, &mut out).is_err());

@@ -277,19 +277,42 @@ impl CallData {
 /// the calls that have one (each unit's data slots come right before its record). Data slots
 /// without the record they announce (the thread died between the two writes) are dropped.
 pub fn split_data(raw: &[Record]) -> (Vec<Record>, CallData) {
-    let mut records = Vec::with_capacity(raw.len());
+    let mut records = Vec::new();
     let mut data = CallData::default();
+    split_data_into(raw, &mut records, &mut data);
+    (records, data)
+}
+
+/// [`split_data`] into buffers the caller keeps from chunk to chunk (they are cleared first):
+/// the recorder splits a chunk every few hundred microseconds, and fresh buffers of that size
+/// would each be a new mapping to fault in.
+pub fn split_data_into(raw: &[Record], records: &mut Vec<Record>, data: &mut CallData) {
+    records.clear();
+    records.reserve(raw.len());
+    data.units.clear();
+    data.words.clear();
+    data.words.reserve(raw.len() * 2);
     // Words of the unit being read go straight to their place; an orphan's are taken back.
     let mut start = 0usize;
     let mut want = 0usize;
-    for r in raw {
+    let mut tag = 0u64;
+    for (k, r) in raw.iter().enumerate() {
+        if k % 8 == 0 {
+            // The chunk was written by the program on another core: asking for its lines
+            // ahead keeps this pass (the first to touch them) from waiting on each one.
+            prefetch(raw.as_ptr().wrapping_add(k + 32));
+        }
         if fnscope_abi::data::is_data_tag(r.id_depth) {
-            let n = (r.id_depth >> 32) as usize;
-            if n != want {
+            if r.id_depth != tag || want == 0 {
                 data.words.truncate(start);
-                want = n;
+                tag = r.id_depth;
+                want = fnscope_abi::data::tag_words(tag);
+                if let Some(h) = fnscope_abi::data::implied_header(tag) {
+                    data.words.push(h);
+                    want += 1;
+                }
             }
-            data.words.extend([r.t_entry, r.t_exit]);
+            data.words.extend_from_slice(&[r.t_entry, r.t_exit]);
             continue;
         }
         if r.flags() & fnscope_abi::REC_FLAG_DATA != 0 && want > 0 && data.words.len() - start >= want {
@@ -303,7 +326,18 @@ pub fn split_data(raw: &[Record]) -> (Vec<Record>, CallData) {
         records.push(*r);
     }
     data.words.truncate(start);
-    (records, data)
+}
+
+/// Asks for the cache line at `p` (a hint: any address is allowed, none is read).
+#[inline]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint that never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// One chunk of a trace file, decoded.
@@ -429,6 +463,8 @@ pub struct TraceWriter {
     written: u64,
     payload: Vec<u8>,
     columns: Vec<u8>,
+    scratch: events::ColumnScratch,
+    data_varints: events::VarintBuf,
     zstd: zstd::bulk::Compressor<'static>,
 }
 
@@ -444,6 +480,8 @@ impl TraceWriter {
             written: 0,
             payload: Vec::new(),
             columns: Vec::new(),
+            scratch: Default::default(),
+            data_varints: Default::default(),
             zstd,
         };
         let mut head = [0u8; FILE_HEADER_SIZE as usize];
@@ -540,7 +578,7 @@ impl TraceWriter {
             ),
         })?;
         self.columns.clear();
-        events::encode_columns(records, &mut self.columns);
+        events::encode_columns(records, &mut self.columns, &mut self.scratch);
         let p = &mut self.payload;
         p.clear();
         p.extend_from_slice(&image_sid.to_le_bytes());
@@ -564,28 +602,31 @@ impl TraceWriter {
     /// varints, per unit: record index minus the previous unit's (the first: the index),
     /// number of words, the words.
     fn write_call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &CallData) -> Result<(), FormatError> {
-        self.columns.clear();
+        self.zstd.set_compression_level(events::DATA_ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?;
+        let mut out = self.data_varints.writer(2 * data.len() + data.word_count());
         let mut prev = 0u32;
         for (record, words) in data.iter() {
-            events::put_varint(&mut self.columns, u64::from(record.wrapping_sub(prev)));
-            events::put_varint(&mut self.columns, words.len() as u64);
+            out.put(u64::from(record.wrapping_sub(prev)));
+            out.put(words.len() as u64);
             for &w in words {
-                events::put_varint(&mut self.columns, w);
+                out.put(w);
             }
             prev = record;
         }
+        let varints = out.bytes();
         let p = &mut self.payload;
         p.clear();
         p.extend_from_slice(&pid.to_le_bytes());
         p.extend_from_slice(&tid.to_le_bytes());
         p.extend_from_slice(&seq.to_le_bytes());
         p.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
+        p.reserve(zstd::zstd_safe::compress_bound(varints.len()));
         let mut cur = io::Cursor::new(&mut self.payload);
         cur.set_position(CALLDATA_HEADER_SIZE as u64);
         self.zstd
-            .compress_to_buffer(&self.columns, &mut cur)
+            .compress_to_buffer(varints, &mut cur)
             .map_err(io_err("compress call data for", &self.path))?;
+        self.zstd.set_compression_level(events::ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?;
         self.chunk(KIND_CALLDATA)
     }
 

@@ -376,6 +376,29 @@ fn data_slots_are_split_from_call_records() {
     assert_eq!(units, [(0, vec![1, 2, 3]), (3, vec![5, 6])]);
 }
 
+#[test]
+fn implied_headers_are_put_back() {
+    use fnscope_abi::data;
+    let data_flag = u64::from(fnscope_abi::REC_FLAG_DATA) << 56;
+    // Three entry words and a return word in two slots, as the exit stub's fast path writes.
+    let tag = 4 << 32 | data::TAG_IMPLIED_HEADER | 3 << 40 | 1 << 48;
+    let slot = |a: u64, b: u64, tag: u64| Record { t_entry: a, t_exit: b, id_depth: tag };
+    let call = |id: u32| {
+        let mut r = Record::new(10, 20, id, 0, 0);
+        r.id_depth |= data_flag;
+        r
+    };
+    // Two units of the same tag in a row, then an explicit one, then a cut-short implied one.
+    let raw = [slot(1, 2, tag), slot(3, 4, tag), call(0), slot(5, 6, tag), slot(7, 8, tag), call(1), slot(9, 0, data::tag(1)), call(2), slot(1, 1, tag), call(3)];
+    let (recs, units) = split_data(&raw);
+    assert_eq!(recs.len(), 4);
+    let head = data::header(3, 1, data::LAYOUT_INT_REGS, 0, 0);
+    assert_eq!(data::implied_header(tag), Some(head));
+    assert_eq!(data::implied_header(data::tag(3)), None);
+    let units: Vec<(u32, Vec<u64>)> = units.iter().map(|(r, w)| (r, w.to_vec())).collect();
+    assert_eq!(units, [(0, vec![head, 1, 2, 3, 4]), (1, vec![head, 5, 6, 7, 8]), (2, vec![9])]);
+}
+
 /// Size and speed of the EVENTS encoding on a fib-like trace split into 1 MiB chunks.
 #[test]
 fn fib_trace_is_compact_and_fast() {
