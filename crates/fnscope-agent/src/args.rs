@@ -16,6 +16,7 @@ use crate::thread::{ShadowEntry, ThreadState};
 use crate::{stubs, sys};
 use core::sync::atomic::{AtomicU64, Ordering};
 use fnscope_abi::data::{self, LAYOUT_INT_REGS, LAYOUT_SPEC};
+use fnscope_abi::RECORD_SIZE;
 use fnscope_symbols::argspec::{self, ArgSpec, Capture, InjectAction, InjectRule, Loc, RetSpec, When, STRING_BOUND};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -48,6 +49,14 @@ pub struct Desc {
     /// When the exit stub writes the unit itself: 1 + its number of return words (0, or 1
     /// for rax); 0 sends the exit to [`fnscope_args_exit`].
     pub fast_ret: u64,
+    /// When both stubs take their fast paths: the tag of the unit's data slots, with its
+    /// header implied ([`data::TAG_IMPLIED_HEADER`]); 0 otherwise. The exit stub then finds
+    /// everything it needs here, without reading the frame's header.
+    pub fast_tag: u64,
+    /// With `fast_tag`: the entry words (rdi.. in the frame), after which rax goes.
+    pub fast_entry_words: u64,
+    /// With `fast_tag`: bytes the exit reserves in the chunk, data slots and record.
+    pub fast_bytes: u64,
     entry: Vec<Capture>,
     ret: Vec<Capture>,
     rules: Vec<u16>,
@@ -263,10 +272,19 @@ fn desc(mut args: ArgSpec, ret: Option<RetSpec>, rules: Vec<u16>) -> Desc {
         [Capture::Word(Loc::Rax)] => 2,
         _ => 0,
     };
+    let (fast_tag, fast_entry_words, fast_bytes) = match (int_regs, fast_ret) {
+        (Some(k), 1 | 2) if fast_header != 0 && k + fast_ret - 1 > 0 => {
+            let r = fast_ret - 1;
+            let words = k + r;
+            let tag = data::tag(words) | data::TAG_IMPLIED_HEADER | k << 40 | r << 48;
+            (tag, k, (words.div_ceil(2) + 1) * RECORD_SIZE as u64)
+        }
+        _ => (0, 0, 0),
+    };
     let ret_text = ret.map_or("-".to_string(), |r| r.to_string());
     let rules_text = if rules.is_empty() { "-".to_string() } else { rules.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",") };
     let line = format!("{args}\t{ret_text}\t{rules_text}");
-    Desc { fast_header, fast_ret, entry, ret: ret_caps, rules, line }
+    Desc { fast_header, fast_ret, fast_tag, fast_entry_words, fast_bytes, entry, ret: ret_caps, rules, line }
 }
 
 /// Registers the descriptor of function `id` (before its jump is written) and returns its

@@ -303,9 +303,10 @@ fnscope_exit:
     /* ---- Functions with values to record or injections (see args.rs) ----
        The same protocol as fnscope_entry/fnscope_exit; in addition the entry copies the
        call's values into its frame of the thread's args stack (frame = args_base + 16 x the
-       entry's offset in the shadow stack), and the exit writes the frame's data unit into
-       data slots before the record. The descriptor of function id is args::DESCS[id]; its
-       first two words are read here (fast_header, fast_ret). */
+       entry's offset in the shadow stack = (entry << 4) + args_delta), and the exit writes
+       the frame's data unit into data slots before the record. The descriptor of function
+       id is args::DESCS[id]; its first five words are read here (fast_header, fast_ret,
+       fast_tag, fast_entry_words, fast_bytes). */
 
     .globl fnscope_entry_args
     .hidden fnscope_entry_args
@@ -344,14 +345,11 @@ fnscope_entry_args:
     mov r11, qword ptr [r11 + rax * 8]
     mov r11, qword ptr [r11]
     /* rax = this entry's frame, or 0 past the args stack. */
-    mov rax, rcx
-    sub rax, qword ptr [rdx + 32]
-    cmp rax, {args_depth_bytes}
+    cmp rcx, qword ptr [rdx + {args_limit}]
     jae .Lea_noframe
-    cmp qword ptr [rdx + {args_off}], 0
-    je .Lea_noframe
+    mov rax, rcx
     shl rax, 4
-    add rax, qword ptr [rdx + {args_off}]
+    add rax, qword ptr [rdx + {args_delta}]
     test r11, r11
     jz .Lea_slow
     mov qword ptr [rax], r11
@@ -397,87 +395,82 @@ fnscope_exit_args:
     cmp rsi, qword ptr [rip + {min_ticks}]
     jb .Lxa_pop
     /* rdi = frame (or the slow path when there is none), r11 = descriptor. */
-    mov rdi, rcx
-    sub rdi, qword ptr [rdx + 32]
-    cmp rdi, {args_depth_bytes}
+    cmp rcx, qword ptr [rdx + {args_limit}]
     jae .Lxa_slow
-    cmp qword ptr [rdx + {args_off}], 0
-    je .Lxa_slow
+    mov rdi, rcx
     shl rdi, 4
-    add rdi, qword ptr [rdx + {args_off}]
+    add rdi, qword ptr [rdx + {args_delta}]
     mov r11d, dword ptr [rcx + 16]
     mov rsi, qword ptr [rip + {descs}]
     mov r11, qword ptr [rsi + r11 * 8]
+    mov rsi, qword ptr [r11 + 16]
+    test rsi, rsi
+    jz .Lxa_explicit
+    /* Fast (the entry stub wrote the frame): the unit is the entry words, then rax; its
+       header is implied by the tag (TAG_IMPLIED_HEADER), and the descriptor has the rest. */
+    mov [rsp - 56], rax
+    mov [rsp - 64], rsi
+    mov rax, qword ptr [r11 + 24]
+    mov rsi, [rsp - 8]
+    mov qword ptr [rdi + rax * 8 + 8], rsi
+    mov r11, qword ptr [r11 + 32]
+.Lxa_reserve:
+    /* r11 = bytes of the data slots and the record; their words from rdi + 8 on; the exit
+       time at [rsp-56], the slots' tag at [rsp-64]. */
+    mov rsi, r11
+    xadd qword ptr [rdx + 16], rsi
+    add r11, rsi
+    cmp r11, qword ptr [rdx + 24]
+    ja .Lxa_full
+    /* The record last, then the data slots before it (a reader of a live chunk stops at
+       the first slot not yet written, whatever the order). */
+    mov rax, qword ptr [rcx + 8]
+    mov qword ptr [r11 - 24], rax
+    mov rax, [rsp - 56]
+    mov qword ptr [r11 - 16], rax
+    mov rax, rcx
+    sub rax, qword ptr [rdx + 32]
+    shl rax, 27
+    mov ecx, dword ptr [rcx + 16]
+    lea rax, [rax + rcx + 1]
+    bts rax, {data_bit}
+    mov qword ptr [r11 - 8], rax
+    mov rcx, [rsp - 64]
+    sub r11, 24
+    /* Two words and the tag a slot; a unit of an odd count pads its last slot. */
+.Lxa_slot:
+    mov rax, qword ptr [rdi + 8]
+    mov qword ptr [rsi], rax
+    mov rax, qword ptr [rdi + 16]
+    mov qword ptr [rsi + 8], rax
+    mov qword ptr [rsi + 16], rcx
+    add rdi, 16
+    add rsi, 24
+    cmp rsi, r11
+    jb .Lxa_slot
+    jmp .Lxa_pop
+.Lxa_explicit:
+    /* The entry went to Rust (strings, stack arguments, ...) and wrote the frame's header;
+       the exit copies it with rax when fast_ret says it may: rsi = return words (0, 1). */
     mov rsi, qword ptr [r11 + 8]
     sub rsi, 1
     jb .Lxa_slow
-    /* Fast: rsi = return words (0 or 1: rax). Unit = header, entry words, rax. When the
-       entry stub wrote the frame (integer registers, no injection), the tag implies the
-       header (TAG_IMPLIED_HEADER) and the header word is not copied. */
     mov [rsp - 56], rax
     movzx eax, word ptr [rdi]
     mov r11, [rsp - 8]
     mov qword ptr [rdi + rax * 8 + 8], r11
-    cmp dword ptr [rdi + 4], {layout_int_regs}
-    jne .Lxa_explicit
-    lea r11, [rax + rsi]
-    test r11, r11
-    jz .Lxa_slow_ts
-    /* Tag = words << 32 | implied | entry words << 40 | return words << 48. */
-    shl rax, 40
-    shl rsi, 48
-    or rax, rsi
-    mov rsi, r11
-    shl rsi, 32
-    or rax, rsi
-    bts rax, 63
-    mov [rsp - 72], rax
-    jmp .Lxa_reserve
-.Lxa_explicit:
     lea r11, [rax + rsi + 1]
     shl rsi, 16
-    or rsi, qword ptr [rdi]
-    mov qword ptr [rdi], rsi
+    or qword ptr [rdi], rsi
     mov rax, r11
     shl rax, 32
-    mov [rsp - 72], rax
-    /* The copy below starts a word in: from the header here. */
+    mov [rsp - 64], rax
+    /* Bytes: (words + 1) / 2 slots and the record; the words from the header on. */
+    add r11, 3
+    shr r11, 1
+    imul r11, r11, 24
     sub rdi, 8
-.Lxa_reserve:
-    /* r11 = words; slots = (words + 1) / 2, plus the record. */
-    mov [rsp - 64], r11
-    lea rsi, [r11 + 3]
-    shr rsi, 1
-    imul rsi, rsi, 24
-    mov rax, rsi
-    xadd qword ptr [rdx + 16], rsi
-    add rax, rsi
-    cmp rax, qword ptr [rdx + 24]
-    ja .Lxa_full
-    /* Data slots: two words and the tag each; a unit of an odd count pads its last slot. */
-    mov rax, [rsp - 72]
-    add rdi, 8
-.Lxa_slot:
-    mov r11, qword ptr [rdi]
-    mov qword ptr [rsi], r11
-    mov r11, qword ptr [rdi + 8]
-    mov qword ptr [rsi + 8], r11
-    mov qword ptr [rsi + 16], rax
-    add rsi, 24
-    add rdi, 16
-    sub qword ptr [rsp - 64], 2
-    jg .Lxa_slot
-    mov rax, [rsp - 56]
-    mov r11, qword ptr [rcx + 8]
-    mov qword ptr [rsi], r11
-    mov qword ptr [rsi + 8], rax
-    mov rax, rcx
-    sub rax, qword ptr [rdx + 32]
-    shl rax, 27
-    mov r11d, dword ptr [rcx + 16]
-    lea rax, [rax + r11 + 1]
-    bts rax, {data_bit}
-    mov qword ptr [rsi + 16], rax
+    jmp .Lxa_reserve
 .Lxa_pop:
     sub qword ptr [rdx], 32
 .Lxa_leave:
@@ -490,13 +483,12 @@ fnscope_exit_args:
     ret
 .Lxa_full:
     /* The slots reserved run past the chunk: pad what lies in it, then write the unit from
-       Rust (which takes a new chunk). rsi = start, rax = end. */
+       Rust (which takes a new chunk). rsi = start, r11 = end. */
     SAVE_ALL
     mov rdi, rdx
-    mov rdx, rax
+    mov rdx, r11
     call fnscope_args_pad
     RESTORE_ALL
-.Lxa_slow_ts:
     mov rax, [rsp - 56]
 .Lxa_slow:
     SAVE_ALL
@@ -632,10 +624,9 @@ fnscope_rdtsc:
     .size fnscope_rdtsc, . - fnscope_rdtsc
 "#,
     min_ticks = sym MIN_TICKS,
-    args_off = const core::mem::offset_of!(crate::thread::ThreadState, args_base),
-    args_depth_bytes = const crate::args::ARGS_DEPTH * 32,
+    args_limit = const core::mem::offset_of!(crate::thread::ThreadState, args_limit),
+    args_delta = const core::mem::offset_of!(crate::thread::ThreadState, args_delta),
     data_bit = const 56 + 2,
-    layout_int_regs = const fnscope_abi::data::LAYOUT_INT_REGS,
     descs = sym crate::args::DESCS,
 );
 

@@ -60,6 +60,11 @@ pub struct ThreadState {
     pub fork_slot: u64,
     /// The thread's args stack (see [`crate::args`]), or 0.
     pub args_base: u64,
+    /// Shadow entries below this one have a frame in the args stack (0: none has).
+    pub args_limit: u64,
+    /// The frame of shadow entry `e` (below `args_limit`) is at `(e << 4) + args_delta`: the
+    /// stubs find it in two instructions.
+    pub args_delta: u64,
 }
 
 /// Entries removed as gone that a thread remembers.
@@ -150,6 +155,8 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     slot: 0,
     fork_slot: 0,
     args_base: 0,
+    args_limit: 0,
+    args_delta: 0,
 }));
 
 fn disabled() -> *mut ThreadState {
@@ -219,6 +226,7 @@ extern "C" fn fnscope_thread_init() -> u32 {
         if crate::args::enabled() {
             (*st).args_base = sys::mmap_anon(crate::args::ARGS_STACK_BYTES) as u64;
         }
+        set_args_frames(st);
         libc::pthread_setspecific(KEY, st as *const libc::c_void);
         stubs::fnscope_tls_set(st);
     }
@@ -494,6 +502,27 @@ unsafe fn filled(st: *mut ThreadState, c: *mut ChunkHeader) -> u32 {
     (ptr.saturating_sub(start) / RECORD_SIZE as u64).min(cap) as u32
 }
 
+/// Sets the fields by which the stubs find the args frame of a shadow entry, from the
+/// state's shadow stack and args stack.
+///
+/// # Safety
+/// `st` must be a state the calling thread may write.
+unsafe fn set_args_frames(st: *mut ThreadState) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        let (base, ss) = ((*st).args_base, (*st).ss_base);
+        if base == 0 {
+            (*st).args_limit = 0;
+            (*st).args_delta = 0;
+        } else {
+            (*st).args_limit = ss + (crate::args::ARGS_DEPTH * core::mem::size_of::<ShadowEntry>()) as u64;
+            // Wrapping: user-space addresses times 16 stay far below 2^64, and the sum wraps
+            // back into the args stack.
+            (*st).args_delta = base.wrapping_sub(ss << 4);
+        }
+    }
+}
+
 /// Moves the state `from` (and its shadow stack) to `to`, rebasing its pointers.
 ///
 /// # Safety
@@ -513,6 +542,8 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
         (*to).ss_base = new;
         (*to).ss_top = new + used as u64;
         (*to).ss_limit = new + depth_bytes();
+        set_args_frames(to);
+        set_args_frames(from);
         *((new - 8) as *mut u64) = u64::MAX;
     }
 }
