@@ -49,7 +49,7 @@ pub fn report_by_value(path: &Path, by: GroupBy) -> Result<(Vec<ValueGroup>, Vec
             GroupBy::Ret => v.ret.clone().or(v.raw_ret.map(|r| r.to_string())),
         };
         let Some(value) = value else { return Ok(()) };
-        let ns = cx.trace.duration_ns(c.entry_tsc, c.exit_tsc);
+        let ns = cx.clock.duration_ns(c.entry_tsc, c.exit_tsc);
         let per = groups.entry(c.func).or_default();
         let key = if per.len() >= MAX_VALUES && !per.contains_key(&value) { "(other values)".to_string() } else { value };
         let g = per.entry(key.clone()).or_insert_with(|| ValueGroup {

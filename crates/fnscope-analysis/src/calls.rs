@@ -174,6 +174,8 @@ pub struct WalkContext {
     pub trace: Trace,
     /// The functions.
     pub names: FunctionNames,
+    /// The trace's time-stamps in ns (its calibration is known before the first call).
+    pub clock: crate::Clock,
     /// Bytes of the file read so far by the pass over the records, for progress bars.
     pub bytes_read: u64,
     specs: Specs,
@@ -327,7 +329,8 @@ pub(crate) fn walk_calls_within(
     let pre = headers(path)?;
     let names = FunctionNames(Names::new(pre.images.values()));
     let specs = Specs::new(pre.images.values());
-    let mut cx = WalkContext { trace: pre, names, bytes_read: 0, specs, data: DataStore::default() };
+    let clock = pre.clock();
+    let mut cx = WalkContext { trace: pre, names, clock, bytes_read: 0, specs, data: DataStore::default() };
     let mut threads = Threads::new(budget);
     let mut failed = None;
     // Order::Returned: per thread, the depth of the previous record (a deeper one just

@@ -68,7 +68,7 @@ pub(crate) fn replay_tree_within(
         line.extend_from_slice(b"] ");
         dur.clear();
         if !c.has_callees || leave {
-            push_duration(&mut dur, cx.trace.duration_ns(c.entry_tsc, c.exit_tsc));
+            push_duration(&mut dur, cx.clock.duration_ns(c.entry_tsc, c.exit_tsc));
         }
         pad_left(&mut line, &dur, 10);
         line.extend_from_slice(b" | ");
@@ -162,7 +162,7 @@ pub(crate) fn replay_lines_within(
     let mut seq = 0u64;
     let trace = walk_calls_within(path, &sel, Order::Time, budget, |cx, ev| {
         seq += 1;
-        let wall = cx.trace.wall_ns(ev.tsc());
+        let wall = cx.clock.wall_ns(ev.tsc());
         let values = cx.values(ev.call());
         // Technique A glues `ret:` and the raw return value to the name on leave lines; the
         // arguments go the same way on enter lines, as `args:(...)`.

@@ -834,6 +834,37 @@ fn ticks_to_ns_rounds_like_round() {
     }
 }
 
+#[test]
+fn clock_agrees_with_the_division_it_replaces() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for &r in &[2.5962, 1.0, 0.3, 3.0, 4.1, 1.7] {
+        let c = crate::Clock::new(1000, 5_000_000_000, r);
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Up to 2^52 ticks (weeks), where the division in f64 is still exact enough to
+            // be the oracle.
+            let t = x >> (12 + x % 48);
+            let want = (t as f64 / r).round() as u64;
+            let got = c.ticks_to_ns(t);
+            // The reciprocal of a rate is itself rounded: the two may part on a value that
+            // lies within a rounding step of half a nanosecond.
+            assert!(got.abs_diff(want) <= 1, "{t} ticks at {r}: {got} against {want}");
+            if r == 1.0 {
+                assert_eq!(got, t);
+            }
+            assert_eq!(c.ns_since_start(1000 + t), got);
+            assert_eq!(c.wall_ns(1000 + t), 5_000_000_000 + got);
+        }
+        assert_eq!(c.ns_since_start(999), 0);
+        assert_eq!(c.wall_ns(0), 5_000_000_000 - c.ticks_to_ns(1000));
+    }
+    // Absurd calibrations give finite answers.
+    assert_eq!(crate::Clock::new(0, 0, 1e-30).ticks_to_ns(u64::MAX), u64::MAX);
+    assert_eq!(crate::Clock::new(0, 0, 1e30).ticks_to_ns(u64::MAX), 0);
+}
+
 /// Durations put together in integers read exactly as `format_duration` writes them.
 #[test]
 fn push_duration_is_format_duration() {

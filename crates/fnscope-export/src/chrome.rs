@@ -164,8 +164,8 @@ impl Writer {
             module: json(cx.names.module(c.func)),
             source: cx.names.source(c.func).map(|s| format!(",\"source\":{}", json(s))).unwrap_or_default(),
         });
-        let start = cx.trace.ns_since_start(c.entry_tsc);
-        let end = cx.trace.ns_since_start(c.exit_tsc);
+        let start = cx.clock.ns_since_start(c.entry_tsc);
+        let end = cx.clock.ns_since_start(c.exit_tsc);
         let mut b = std::mem::take(&mut self.buf);
         b.clear();
         let _ = write!(b, "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":", c.pid, c.tid);

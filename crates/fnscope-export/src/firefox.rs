@@ -79,7 +79,7 @@ impl Builder {
     fn event(&mut self, cx: &mut WalkContext, ev: CallEvent) {
         let c = *ev.call();
         let key = (c.pid, c.tid);
-        let ns = |tsc: u64| cx.trace.ns_since_start(tsc);
+        let ns = |tsc: u64| cx.clock.ns_since_start(tsc);
         match ev {
             CallEvent::Enter(_) => {
                 self.calls += 1;

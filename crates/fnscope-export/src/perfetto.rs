@@ -453,7 +453,7 @@ impl Writer {
             CallEvent::Exit(c) => (c, false),
         };
         let i = self.thread(cx, c)?;
-        let ns = cx.trace.ns_since_start(ev.tsc());
+        let ns = cx.clock.ns_since_start(ev.tsc());
         let splits = self.sink.splits();
         let t = &mut self.threads[i];
         t.last_ns = ns;

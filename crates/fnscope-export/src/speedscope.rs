@@ -58,7 +58,7 @@ pub(crate) fn write(
             return Ok(());
         };
         let c = *ev.call();
-        let at = cx.trace.ns_since_start(ev.tsc());
+        let at = cx.clock.ns_since_start(ev.tsc());
         let frame = *frame_of.entry(c.func).or_insert_with(|| {
             frames.push(format!(
                 "{{\"name\":{},\"file\":{}}}",
