@@ -4,12 +4,16 @@
 //! `replay --format lines` prints for the call's entry, to the ns. They are smaller numbers
 //! than wall-clock ns, and every event carries one.
 //!
-//! The file is one packet sequence: its first packet clears the incremental state and
-//! describes the tracks; names and modules are interned in a packet of their own just before
-//! the first slice that names them.
-//! With a split size every file is a sequence of its own, descriptors and interning repeated,
-//! and the calls open at the cut are ended in the old file and begun again in the new one
-//! (marked `continued`).
+//! Each thread is a packet sequence of its own, whose first packet clears the incremental
+//! state, makes the thread's track the default of its events and declares an incremental
+//! clock (64, sequence-scoped): a slice packet's timestamp is the ns since the sequence's
+//! previous one, a byte or two instead of five, and it names no track. (An event earlier than
+//! the previous one, as the end of a call left by `longjmp` noticed late can be, carries an
+//! absolute BOOTTIME timestamp instead.) Names and modules are interned on the sequence in a
+//! packet of their own just before the first slice that names them.
+//! With a split size every file starts its sequences again, descriptors and interning
+//! repeated, and the calls open at the cut are ended in the old file and begun again in the
+//! new one (marked `continued`).
 
 use crate::timeline::{process_name, walk_selected, SplitSink};
 use crate::{ExportError, Options, Output, Progress};
@@ -23,6 +27,8 @@ use std::path::Path;
 mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct TracePacket {
+        #[prost(message, optional, tag = "6")]
+        pub clock_snapshot: Option<ClockSnapshot>,
         #[prost(uint64, optional, tag = "8")]
         pub timestamp: Option<u64>,
         #[prost(uint32, optional, tag = "10")]
@@ -35,10 +41,44 @@ mod proto {
         pub sequence_flags: Option<u32>,
         #[prost(bool, optional, tag = "41")]
         pub incremental_state_cleared: Option<bool>,
+        #[prost(uint32, optional, tag = "58")]
+        pub timestamp_clock_id: Option<u32>,
+        #[prost(message, optional, tag = "59")]
+        pub trace_packet_defaults: Option<TracePacketDefaults>,
         #[prost(message, optional, tag = "60")]
         pub track_descriptor: Option<TrackDescriptor>,
         #[prost(bool, optional, tag = "87")]
         pub first_packet_on_sequence: Option<bool>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TracePacketDefaults {
+        #[prost(message, optional, tag = "11")]
+        pub track_event_defaults: Option<TrackEventDefaults>,
+        #[prost(uint32, optional, tag = "58")]
+        pub timestamp_clock_id: Option<u32>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TrackEventDefaults {
+        #[prost(uint64, optional, tag = "11")]
+        pub track_uuid: Option<u64>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ClockSnapshot {
+        #[prost(message, repeated, tag = "1")]
+        pub clocks: Vec<Clock>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Clock {
+        #[prost(uint32, optional, tag = "1")]
+        pub clock_id: Option<u32>,
+        #[prost(uint64, optional, tag = "2")]
+        pub timestamp: Option<u64>,
+        #[prost(bool, optional, tag = "3")]
+        pub is_incremental: Option<bool>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -134,23 +174,53 @@ mod proto {
     pub const TYPE_SLICE_END: i32 = 2;
     pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
     pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
+    /// `BuiltinClocks.BOOTTIME`: the trace's clock, which timestamps refer to by default.
+    pub const CLOCK_BOOTTIME: u32 = 6;
+    /// The first sequence-scoped clock id: each thread's incremental clock.
+    pub const CLOCK_INCREMENTAL: u32 = 64;
 }
 
 use proto::*;
 
-/// The one packet sequence of each file.
-const SEQUENCE: u32 = 1;
 /// Interned debug-annotation names.
 const ANN_MODULE: u64 = 1;
 const ANN_ENDING: u64 = 2;
 const ANN_CONTINUED: u64 = 3;
 const ANN_SOURCE: u64 = 4;
 
-/// A thread's track, and its slices begun and not yet ended (for a cut between files).
+/// A thread's track and packet sequence, and its slices begun and not yet ended (for a cut
+/// between files).
 struct ThreadTrack {
     uuid: u64,
+    /// The process's track.
+    parent: u64,
+    /// Its packet sequence id.
+    seq: u32,
     open: Vec<CallInfo>,
+    /// The time of the thread's last event.
     last_ns: u64,
+    /// Whether its sequence has started in the current file.
+    started: bool,
+    /// The incremental clock's value: the last timestamp written on the sequence.
+    clock_ns: u64,
+    /// By function index: whether its name and strings are interned on the sequence.
+    interned: Vec<bool>,
+    /// By string iid - 1: whether the string is interned on the sequence.
+    strings: Vec<bool>,
+}
+
+impl ThreadTrack {
+    /// A slice packet's timestamp for `ns`: the delta on the incremental clock, or (for a
+    /// time earlier than the clock's) `ns` itself, absolute (`true`).
+    fn stamp(&mut self, ns: u64) -> (u64, bool) {
+        match ns.checked_sub(self.clock_ns) {
+            Some(delta) => {
+                self.clock_ns = ns;
+                (delta, false)
+            }
+            None => (ns, true),
+        }
+    }
 }
 
 /// What the export keeps of a function met.
@@ -158,8 +228,6 @@ struct Func {
     /// The iids of its module's name and of its place in the sources (if known), interned
     /// strings of the annotations.
     strings: Vec<u64>,
-    /// Whether its name is interned in the current file.
-    interned: bool,
     /// The fields of its slices' begin events past type and track (`TrackEvent` fields
     /// encoded: name iid, module and source annotations), encoded once.
     tail: Vec<u8>,
@@ -175,30 +243,30 @@ fn varint(buf: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Appends one slice begin or end packet to `buf`: `Trace.packet { timestamp,
-/// trusted_packet_sequence_id, sequence_flags, track_event { type, track_uuid, ...tail } }`;
-/// an end names nothing interned, so it goes without `sequence_flags` (2 bytes a call).
+/// [timestamp_clock_id: BOOTTIME when `absolute`], trusted_packet_sequence_id, sequence_flags,
+/// track_event { type, ...tail } }` (the track is the sequence's default).
 /// Written directly because these packets are nearly all of a file, and encoding them through
 /// the message structs (nested lengths computed again at each level) took most of an
 /// export's time; the `encodes_like_prost` test checks they decode to the same packet.
-fn slice_packet(buf: &mut Vec<u8>, ns: u64, track: u64, kind: i32, tail: &[&[u8]]) {
+fn slice_packet(buf: &mut Vec<u8>, ts: u64, absolute: bool, seq: u32, kind: i32, tail: &[&[u8]]) {
     use prost::encoding::encoded_len_varint as len;
     let tail_len: usize = tail.iter().map(|t| t.len()).sum();
-    let event = 2 + 1 + len(track) + tail_len;
-    let interning = kind == TYPE_SLICE_BEGIN;
-    let packet = 1 + len(ns) + 2 + if interning { 2 } else { 0 } + 1 + len(event as u64) + event;
+    let event = 2 + tail_len;
+    let clock = if absolute { 3 } else { 0 };
+    let packet = 1 + len(ts) + clock + 1 + len(u64::from(seq)) + 2 + 1 + len(event as u64) + event;
     buf.push(0x0a); // Trace.packet, length-delimited
     varint(buf, packet as u64);
     buf.push(0x40); // timestamp (8), varint
-    varint(buf, ns);
-    buf.extend_from_slice(&[0x50, SEQUENCE as u8]); // trusted_packet_sequence_id (10)
-    if interning {
-        buf.extend_from_slice(&[0x68, SEQ_NEEDS_INCREMENTAL_STATE as u8]); // sequence_flags (13)
+    varint(buf, ts);
+    if absolute {
+        buf.extend_from_slice(&[0xd0, 0x03, CLOCK_BOOTTIME as u8]); // timestamp_clock_id (58)
     }
+    buf.push(0x50); // trusted_packet_sequence_id (10)
+    varint(buf, u64::from(seq));
+    buf.extend_from_slice(&[0x68, SEQ_NEEDS_INCREMENTAL_STATE as u8]); // sequence_flags (13)
     buf.push(0x5a); // track_event (11), length-delimited
     varint(buf, event as u64);
     buf.extend_from_slice(&[0x48, kind as u8]); // type (9)
-    buf.push(0x58); // track_uuid (11)
-    varint(buf, track);
     for t in tail {
         buf.extend_from_slice(t);
     }
@@ -210,6 +278,8 @@ struct Writer {
     /// Processes' and threads' tracks, in the order met (uuid: index + 1).
     tracks: Vec<TrackDescriptor>,
     process_uuid: HashMap<u32, u64>,
+    /// By track uuid - 1: whether the track is described in the current file.
+    described: Vec<bool>,
     threads: Vec<ThreadTrack>,
     thread_index: HashMap<(u32, u32), usize>,
     /// The thread of the previous event (consecutive events are mostly of one thread).
@@ -219,8 +289,6 @@ struct Writer {
     /// Annotation strings (module names, `file:line`s) by value, and their iids (index + 1).
     strings: HashMap<String, u64>,
     string_values: Vec<String>,
-    /// Whether each string is interned in the current file.
-    string_interned: Vec<bool>,
 }
 
 impl Writer {
@@ -230,13 +298,13 @@ impl Writer {
             buf: Vec::with_capacity(256),
             tracks: Vec::new(),
             process_uuid: HashMap::new(),
+            described: Vec::new(),
             threads: Vec::new(),
             thread_index: HashMap::new(),
             last: None,
             funcs: Vec::new(),
             strings: HashMap::new(),
             string_values: Vec::new(),
-            string_interned: Vec::new(),
         }
     }
 
@@ -247,16 +315,34 @@ impl Writer {
         self.sink.write(&self.buf)
     }
 
-    /// The first packets of a file: incremental state cleared, annotation names, tracks.
-    fn start_file(&mut self) -> Result<(), ExportError> {
-        self.funcs.iter_mut().flatten().for_each(|f| f.interned = false);
-        self.string_interned.iter_mut().for_each(|b| *b = false);
+    /// A new file: every sequence starts again in it, when its thread is next met.
+    fn start_file(&mut self) {
+        self.described.iter_mut().for_each(|d| *d = false);
+        for t in &mut self.threads {
+            t.started = false;
+            t.interned.clear();
+            t.strings.clear();
+        }
+    }
+
+    /// Starts thread `i`'s sequence in the current file: incremental state cleared, the
+    /// thread's track as its events' default, its incremental clock (at 0 on BOOTTIME, the
+    /// trace's clock: timestamps are ns since the recording started), the annotation names;
+    /// then the thread's track and its process's, unless described already.
+    fn start_sequence(&mut self, i: usize) -> Result<(), ExportError> {
+        let (seq, uuid, parent) = (self.threads[i].seq, self.threads[i].uuid, self.threads[i].parent);
         let names = [(ANN_MODULE, "module"), (ANN_ENDING, "ending"), (ANN_CONTINUED, "continued"), (ANN_SOURCE, "source")];
+        let clock = |clock_id, is_incremental| Clock { clock_id: Some(clock_id), timestamp: Some(0), is_incremental };
         self.packet(&TracePacket {
-            trusted_packet_sequence_id: Some(SEQUENCE),
+            trusted_packet_sequence_id: Some(seq),
             sequence_flags: Some(SEQ_INCREMENTAL_STATE_CLEARED),
             incremental_state_cleared: Some(true),
             first_packet_on_sequence: Some(true),
+            trace_packet_defaults: Some(TracePacketDefaults {
+                timestamp_clock_id: Some(CLOCK_INCREMENTAL),
+                track_event_defaults: Some(TrackEventDefaults { track_uuid: Some(uuid) }),
+            }),
+            clock_snapshot: Some(ClockSnapshot { clocks: vec![clock(CLOCK_INCREMENTAL, Some(true)), clock(CLOCK_BOOTTIME, None)] }),
             interned_data: Some(InternedData {
                 debug_annotation_names: names
                     .iter()
@@ -266,73 +352,85 @@ impl Writer {
             }),
             ..Default::default()
         })?;
-        for i in 0..self.tracks.len() {
-            self.describe(i)?;
+        let t = &mut self.threads[i];
+        t.started = true;
+        t.clock_ns = 0;
+        for track in [parent, uuid] {
+            let k = track as usize - 1;
+            if !self.described[k] {
+                self.described[k] = true;
+                let p = TracePacket {
+                    trusted_packet_sequence_id: Some(seq),
+                    track_descriptor: Some(self.tracks[k].clone()),
+                    ..Default::default()
+                };
+                self.packet(&p)?;
+            }
         }
         Ok(())
     }
 
-    fn describe(&mut self, track: usize) -> Result<(), ExportError> {
-        let p = TracePacket {
-            trusted_packet_sequence_id: Some(SEQUENCE),
-            track_descriptor: Some(self.tracks[track].clone()),
-            ..Default::default()
-        };
-        self.packet(&p)
-    }
-
-    fn add_track(&mut self, descriptor: TrackDescriptor) -> Result<(), ExportError> {
+    fn add_track(&mut self, descriptor: TrackDescriptor) -> u64 {
         self.tracks.push(descriptor);
-        if self.sink.at_start() {
-            self.start_file()
-        } else {
-            self.describe(self.tracks.len() - 1)
-        }
+        self.described.push(false);
+        self.tracks.len() as u64
     }
 
-    /// Index in `threads` of `c`'s thread, whose track (and its process's) is described when
+    /// Index in `threads` of `c`'s thread, whose track (and its process's) is made when
     /// first met.
-    fn thread(&mut self, cx: &WalkContext, c: &CallInfo) -> Result<usize, ExportError> {
+    fn thread(&mut self, cx: &WalkContext, c: &CallInfo) -> usize {
         let key = (c.pid, c.tid);
         if let Some((k, i)) = self.last {
             if k == key {
-                return Ok(i);
+                return i;
             }
         }
         if let Some(&i) = self.thread_index.get(&key) {
             self.last = Some((key, i));
-            return Ok(i);
+            return i;
         }
         let (name, cmdline) = process_name(&cx.trace, c.pid);
-        if !self.process_uuid.contains_key(&c.pid) {
-            let uuid = self.tracks.len() as u64 + 1;
-            self.process_uuid.insert(c.pid, uuid);
-            self.add_track(TrackDescriptor {
-                uuid: Some(uuid),
-                process: Some(ProcessDescriptor {
-                    pid: Some(c.pid as i32),
-                    cmdline,
-                    process_name: Some(name.clone()),
-                }),
-                ..Default::default()
-            })?;
-        }
-        let uuid = self.tracks.len() as u64 + 1;
-        self.add_track(TrackDescriptor {
-            uuid: Some(uuid),
-            parent_uuid: self.process_uuid.get(&c.pid).copied(),
+        let parent = match self.process_uuid.get(&c.pid) {
+            Some(&uuid) => uuid,
+            None => {
+                let uuid = self.add_track(TrackDescriptor {
+                    uuid: Some(self.tracks.len() as u64 + 1),
+                    process: Some(ProcessDescriptor {
+                        pid: Some(c.pid as i32),
+                        cmdline,
+                        process_name: Some(name.clone()),
+                    }),
+                    ..Default::default()
+                });
+                self.process_uuid.insert(c.pid, uuid);
+                uuid
+            }
+        };
+        let uuid = self.add_track(TrackDescriptor {
+            uuid: Some(self.tracks.len() as u64 + 1),
+            parent_uuid: Some(parent),
             thread: Some(ThreadDescriptor {
                 pid: Some(c.pid as i32),
                 tid: Some(i64::from(c.tid)),
                 thread_name: Some(cx.trace.thread_label(c.pid, c.tid, &name)),
             }),
             ..Default::default()
-        })?;
-        self.threads.push(ThreadTrack { uuid, open: Vec::new(), last_ns: 0 });
-        let i = self.threads.len() - 1;
+        });
+        let i = self.threads.len();
+        self.threads.push(ThreadTrack {
+            uuid,
+            parent,
+            seq: i as u32 + 1,
+            open: Vec::new(),
+            last_ns: 0,
+            started: false,
+            clock_ns: 0,
+            interned: Vec::new(),
+            strings: Vec::new(),
+        });
         self.thread_index.insert(key, i);
         self.last = Some((key, i));
-        Ok(i)
+        i
     }
 
     /// The iid of an annotation string.
@@ -341,15 +439,17 @@ impl Writer {
         let iid = *self.strings.entry(v.to_string()).or_insert(next);
         if iid == next {
             self.string_values.push(v.to_string());
-            self.string_interned.push(false);
         }
         iid
     }
 
-    /// Interns `c`'s name, module and source position in the current file if they are not
-    /// yet, in a packet of their own.
-    fn intern(&mut self, cx: &mut WalkContext, func: u32) -> Result<(), ExportError> {
+    /// Interns `func`'s name, module and source position on thread `i`'s sequence if they
+    /// are not yet, in a packet of their own.
+    fn intern(&mut self, cx: &mut WalkContext, i: usize, func: u32) -> Result<(), ExportError> {
         let f = func as usize;
+        if self.threads[i].interned.get(f) == Some(&true) {
+            return Ok(());
+        }
         if f >= self.funcs.len() {
             self.funcs.resize_with(f + 1, || None);
         }
@@ -362,35 +462,40 @@ impl Writer {
                 annotations.push(DebugAnnotation { name_iid: Some(ANN_SOURCE), string_value_iid: Some(iid), ..Default::default() });
             }
             let tail = TrackEvent { name_iid: Some(u64::from(func) + 1), debug_annotations: annotations, ..Default::default() };
-            self.funcs[f] = Some(Func { strings, interned: false, tail: tail.encode_to_vec() });
+            self.funcs[f] = Some(Func { strings, tail: tail.encode_to_vec() });
         }
-        let state = self.funcs[f].as_mut().expect("set above");
-        if state.interned && state.strings.iter().all(|&s| self.string_interned[s as usize - 1]) {
-            return Ok(());
+        let t = &mut self.threads[i];
+        if f >= t.interned.len() {
+            t.interned.resize(f + 1, false);
         }
+        t.interned[f] = true;
         let mut interned = InternedData::default();
-        if !state.interned {
-            state.interned = true;
-            interned.event_names.push(EventName { iid: Some(u64::from(func) + 1), name: Some(cx.names.name(func).to_string()) });
-        }
-        for &s in &state.strings {
+        interned.event_names.push(EventName { iid: Some(u64::from(func) + 1), name: Some(cx.names.name(func).to_string()) });
+        for &s in &self.funcs[f].as_ref().expect("made above").strings {
             let k = s as usize - 1;
-            if !self.string_interned[k] {
-                self.string_interned[k] = true;
+            if k >= t.strings.len() {
+                t.strings.resize(k + 1, false);
+            }
+            if !t.strings[k] {
+                t.strings[k] = true;
                 interned.debug_annotation_string_values.push(InternedString { iid: Some(s), str: Some(self.string_values[k].as_bytes().to_vec()) });
             }
         }
+        let seq = t.seq;
         self.packet(&TracePacket {
-            trusted_packet_sequence_id: Some(SEQUENCE),
+            trusted_packet_sequence_id: Some(seq),
             sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
             interned_data: Some(interned),
             ..Default::default()
         })
     }
 
-    /// The slice of `c` begins at `ns` on `track`.
-    fn begin(&mut self, cx: &mut WalkContext, track: u64, c: &CallInfo, ns: u64, continued: bool) -> Result<(), ExportError> {
-        self.intern(cx, c.func)?;
+    /// The slice of `c` begins at `ns` on thread `i`'s track.
+    fn begin(&mut self, cx: &mut WalkContext, i: usize, c: &CallInfo, ns: u64, continued: bool) -> Result<(), ExportError> {
+        if !self.threads[i].started {
+            self.start_sequence(i)?;
+        }
+        self.intern(cx, i, c.func)?;
         let mut extra = TrackEvent::default();
         if c.ending != Ending::Returned {
             extra.debug_annotations.push(DebugAnnotation {
@@ -420,28 +525,35 @@ impl Writer {
         // Encoded messages concatenated merge: the extra annotations join the function's.
         let extra = if extra.debug_annotations.is_empty() { Vec::new() } else { extra.encode_to_vec() };
         let tail = &self.funcs[c.func as usize].as_ref().expect("interned above").tail;
-        self.sink.write_with(|out| slice_packet(out, ns, track, TYPE_SLICE_BEGIN, &[tail, &extra]))
+        let t = &mut self.threads[i];
+        let (ts, absolute) = t.stamp(ns);
+        let seq = t.seq;
+        self.sink.write_with(|out| slice_packet(out, ts, absolute, seq, TYPE_SLICE_BEGIN, &[tail, &extra]))
     }
 
-    fn end(&mut self, track: u64, ns: u64) -> Result<(), ExportError> {
-        self.sink.write_with(|out| slice_packet(out, ns, track, TYPE_SLICE_END, &[]))
+    /// The slice last begun on thread `i`'s track ends at `ns`.
+    fn end(&mut self, i: usize, ns: u64) -> Result<(), ExportError> {
+        let t = &mut self.threads[i];
+        let (ts, absolute) = t.stamp(ns);
+        let seq = t.seq;
+        self.sink.write_with(|out| slice_packet(out, ts, absolute, seq, TYPE_SLICE_END, &[]))
     }
 
     /// Ends the current file with every open slice ended where its thread last was, and
     /// starts the next with them begun again.
     fn cut(&mut self, cx: &mut WalkContext) -> Result<(), ExportError> {
-        let open: Vec<(u64, u64, Vec<CallInfo>)> =
-            self.threads.iter().filter(|t| !t.open.is_empty()).map(|t| (t.uuid, t.last_ns, t.open.clone())).collect();
-        for (track, ns, calls) in &open {
+        let open: Vec<(usize, u64, Vec<CallInfo>)> =
+            self.threads.iter().enumerate().filter(|(_, t)| !t.open.is_empty()).map(|(i, t)| (i, t.last_ns, t.open.clone())).collect();
+        for (i, ns, calls) in &open {
             for _ in calls {
-                self.end(*track, *ns)?;
+                self.end(*i, *ns)?;
             }
         }
         self.sink.end_part()?;
-        self.start_file()?;
-        for (track, ns, calls) in &open {
+        self.start_file();
+        for (i, ns, calls) in &open {
             for c in calls {
-                self.begin(cx, *track, c, *ns, true)?;
+                self.begin(cx, *i, c, *ns, true)?;
             }
         }
         Ok(())
@@ -452,23 +564,22 @@ impl Writer {
             CallEvent::Enter(c) => (c, true),
             CallEvent::Exit(c) => (c, false),
         };
-        let i = self.thread(cx, c)?;
+        let i = self.thread(cx, c);
         let ns = cx.clock.ns_since_start(ev.tsc());
         let splits = self.sink.splits();
         let t = &mut self.threads[i];
         t.last_ns = ns;
-        let track = t.uuid;
         // Open calls are only needed to cut between files.
         if entry {
             if splits {
                 t.open.push(*c);
             }
-            self.begin(cx, track, c, ns, false)?;
+            self.begin(cx, i, c, ns, false)?;
         } else {
             if splits {
                 t.open.pop();
             }
-            self.end(track, ns)?;
+            self.end(i, ns)?;
         }
         if self.sink.full() {
             self.cut(cx)?;
@@ -481,7 +592,8 @@ pub(crate) fn write(input: &Path, opts: &Options, out: &Output, progress: Progre
     let mut w = Writer::new(out);
     let trace = walk_selected(input, opts, "a Perfetto timeline", progress, |cx, ev| w.event(cx, ev))?;
     if w.sink.at_start() {
-        w.start_file()?;
+        // No call selected: a valid trace that says so, with the processes' tracks.
+        w.packet(&TracePacket { trusted_packet_sequence_id: Some(1), first_packet_on_sequence: Some(true), ..Default::default() })?;
     }
     w.sink.finish()?;
     Ok(trace.warnings)
@@ -493,7 +605,7 @@ mod tests {
 
     #[test]
     fn encodes_like_prost() {
-        for (ns, track, kind) in [(0, 1, TYPE_SLICE_BEGIN), (1_795_407_036_866_440_064, 300, TYPE_SLICE_END), (127, 128, TYPE_SLICE_BEGIN)] {
+        for (ts, absolute, seq, kind) in [(0, false, 1, TYPE_SLICE_BEGIN), (1_795_407_036_866_440_064, true, 300, TYPE_SLICE_END), (127, false, 128, TYPE_SLICE_BEGIN)] {
             let tail = TrackEvent {
                 name_iid: Some(70_000),
                 debug_annotations: vec![DebugAnnotation { name_iid: Some(ANN_MODULE), string_value_iid: Some(5), ..Default::default() }],
@@ -504,15 +616,15 @@ mod tests {
                 ..Default::default()
             };
             let mut fast = Vec::new();
-            slice_packet(&mut fast, ns, track, kind, &[&tail.encode_to_vec(), &extra.encode_to_vec()]);
+            slice_packet(&mut fast, ts, absolute, seq, kind, &[&tail.encode_to_vec(), &extra.encode_to_vec()]);
             let mut event = tail.clone();
             event.debug_annotations.extend(extra.debug_annotations.clone());
             event.r#type = Some(kind);
-            event.track_uuid = Some(track);
             let packet = TracePacket {
-                timestamp: Some(ns),
-                trusted_packet_sequence_id: Some(SEQUENCE),
-                sequence_flags: (kind == TYPE_SLICE_BEGIN).then_some(SEQ_NEEDS_INCREMENTAL_STATE),
+                timestamp: Some(ts),
+                timestamp_clock_id: absolute.then_some(CLOCK_BOOTTIME),
+                trusted_packet_sequence_id: Some(seq),
+                sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
                 track_event: Some(event),
                 ..Default::default()
             };
@@ -523,5 +635,16 @@ mod tests {
             let decode = |b: &[u8]| TracePacket::decode_length_delimited(&b[1..]).unwrap();
             assert_eq!(decode(&fast), packet);
         }
+    }
+
+    #[test]
+    fn timestamps_are_deltas_unless_time_goes_back() {
+        let mut t = ThreadTrack { uuid: 2, parent: 1, seq: 1, open: Vec::new(), last_ns: 0, started: true, clock_ns: 0, interned: Vec::new(), strings: Vec::new() };
+        assert_eq!(t.stamp(1000), (1000, false));
+        assert_eq!(t.stamp(1007), (7, false));
+        assert_eq!(t.stamp(1007), (0, false));
+        // Earlier than the clock: absolute, and the clock stays where it was.
+        assert_eq!(t.stamp(990), (990, true));
+        assert_eq!(t.stamp(1010), (3, false));
     }
 }

@@ -16,6 +16,27 @@ except ImportError as e:
 
 CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+BOOTTIME = 6
+
+
+def timestamp(p, st, problems, n):
+    """The packet's time on BOOTTIME (the trace's clock), per TracePacket.timestamp_clock_id,
+    the sequence's TracePacketDefaults and its ClockSnapshots: a sequence-scoped clock (64 to
+    127) is related to BOOTTIME by the last snapshot of it on the sequence, and an incremental
+    one adds each packet's timestamp to the previous packet's on that clock."""
+    clock = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else st["clock"] if st else BOOTTIME
+    if clock == BOOTTIME:
+        return p.timestamp
+    snap = st["snap"].get(clock) if st else None
+    if snap is None or BOOTTIME not in st["snap"]:
+        problems.append(f"packet {n}: timestamp on clock {clock} with no snapshot relating it to BOOTTIME")
+        return p.timestamp
+    if clock in st["incremental"]:
+        st["incremental"][clock] += p.timestamp
+        value = st["incremental"][clock]
+    else:
+        value = p.timestamp
+    return value - snap + st["snap"][BOOTTIME]
 
 
 def decode(path):
@@ -30,8 +51,27 @@ def decode(path):
     for n, p in enumerate(trace.packet):
         seq = p.trusted_packet_sequence_id
         if p.incremental_state_cleared or p.sequence_flags & CLEARED:
-            state[seq] = {"names": {}, "ann": {}, "str": {}}
+            state[seq] = {"names": {}, "ann": {}, "str": {}, "clock": BOOTTIME, "track": None,
+                          "snap": {}, "incremental": {}}
         st = state.get(seq)
+        if p.HasField("trace_packet_defaults"):
+            if st is None:
+                problems.append(f"packet {n}: defaults before the incremental state was cleared")
+            else:
+                d = p.trace_packet_defaults
+                if d.HasField("timestamp_clock_id"):
+                    st["clock"] = d.timestamp_clock_id
+                if d.HasField("track_event_defaults") and d.track_event_defaults.HasField("track_uuid"):
+                    st["track"] = d.track_event_defaults.track_uuid
+        if p.HasField("clock_snapshot"):
+            for c in p.clock_snapshot.clocks:
+                if c.clock_id >= 64 and st is None:
+                    problems.append(f"packet {n}: a sequence-scoped clock before the state was cleared")
+                    continue
+                if st is not None:
+                    st["snap"][c.clock_id] = c.timestamp
+                    if c.is_incremental:
+                        st["incremental"][c.clock_id] = c.timestamp
         if p.HasField("interned_data"):
             if st is None:
                 problems.append(f"packet {n}: interned data before the incremental state was cleared")
@@ -59,10 +99,12 @@ def decode(path):
         if st is None:
             problems.append(f"packet {n}: a track event before the incremental state was cleared")
             continue
-        if e.track_uuid not in tracks or tracks[e.track_uuid]["kind"] != "thread":
-            problems.append(f"packet {n}: track {e.track_uuid} is not a thread track described before")
+        track = e.track_uuid if e.HasField("track_uuid") else st["track"]
+        if track not in tracks or tracks[track]["kind"] != "thread":
+            problems.append(f"packet {n}: track {track} is not a thread track described before")
             continue
-        stack = open_.setdefault(e.track_uuid, [])
+        ts = timestamp(p, st, problems, n)
+        stack = open_.setdefault(track, [])
         if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
             if e.name_iid not in st["names"]:
                 problems.append(f"packet {n}: name iid {e.name_iid} not interned")
@@ -79,18 +121,18 @@ def decode(path):
                     args[name] = a.bool_value
                 else:
                     problems.append(f"packet {n}: annotation {name} without a value")
-            s = {"track": e.track_uuid, "name": st["names"].get(e.name_iid), "begin": p.timestamp,
+            s = {"track": track, "name": st["names"].get(e.name_iid), "begin": ts,
                  "end": None, "depth": len(stack), "args": args}
             stack.append(s)
             slices.append(s)
         elif e.type == pb.TrackEvent.TYPE_SLICE_END:
             if not stack:
-                problems.append(f"packet {n}: slice end with no slice open on track {e.track_uuid}")
+                problems.append(f"packet {n}: slice end with no slice open on track {track}")
                 continue
             s = stack.pop()
-            if p.timestamp < s["begin"]:
+            if ts < s["begin"]:
                 problems.append(f"packet {n}: slice {s['name']} ends before it begins")
-            s["end"] = p.timestamp
+            s["end"] = ts
         else:
             problems.append(f"packet {n}: unexpected event type {e.type}")
     for uuid, stack in open_.items():
