@@ -311,8 +311,8 @@ pub enum SlotKind {
 }
 
 /// Head of a tracing (or pre-hook) slot: see [`crate::stubs`].
-pub(crate) fn trace_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
-    let mut head = vec![0xccu8; SLOT_CODE_OFFSET];
+pub(crate) fn trace_head(slot: u64, area: u64, id: u32) -> [u8; SLOT_CODE_OFFSET] {
+    let mut head = [0xccu8; SLOT_CODE_OFFSET];
     // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
     head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
     // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
@@ -331,12 +331,12 @@ pub(crate) const COUNT_TAIL: usize = 16;
 pub(crate) const COUNT_CODE_OFFSET: usize = COUNT_TAIL + 33;
 
 /// Head of a counting slot: see [`crate::count`].
-pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> Vec<u8> {
+pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> [u8; COUNT_CODE_OFFSET] {
     let rip_rel = |at: usize, len: usize, target: u64| -> [u8; 4] {
         ((target as i64 - (slot as i64 + (at + len) as i64)) as i32).to_le_bytes()
     };
     let e = COUNT_TAIL;
-    let mut h = vec![0xccu8; COUNT_CODE_OFFSET];
+    let mut h = [0xccu8; COUNT_CODE_OFFSET];
     // tail: lea r11, [rip + entry+5]; jmp qword ptr [rip + area+0] (fnscope_count_init).
     h[0..3].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
     h[3..7].copy_from_slice(&rip_rel(0, 7, slot + e as u64 + 5));
@@ -401,6 +401,8 @@ fn build_slots(
     }
     let mut args_lines = String::new();
     let mut patches = Vec::with_capacity(plans.len());
+    // The jumps of every slot, in the order built (see `patches_into`).
+    let mut jumps = Vec::with_capacity(plans.len());
     let mut failed = Vec::new();
     let mut ids = Vec::with_capacity(plans.len());
     let mut off = AREA_HEADER;
@@ -421,39 +423,45 @@ fn build_slots(
         };
         let slot = area.base + off as u64;
         let code_at = slot + code_offset as u64;
+        let len = slot_len(p);
+        // SAFETY: the slot lies inside the fresh area, `len` bytes from `off` (the lengths
+        // summed to size the area); nothing runs it until its patch is written.
+        let mem = unsafe { std::slice::from_raw_parts_mut(slot as *mut u8, len) };
         // SAFETY: reads `relocate_len` bytes of a function's code in a mapped executable
         // segment.
         let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.hook.relocate_len.into()) };
-        let reloc = if p.as_is {
+        let code = &mut mem[code_offset..];
+        if p.as_is {
             // The area lies within a 32-bit displacement of the whole module (`alloc_near`).
-            match fnscope_x86::jmp_rel32(code_at + orig.len() as u64, p.addr + orig.len() as u64) {
-                Some(jmp) => [orig, &jmp[..]].concat(),
-                None => {
-                    failed.push((p.index, "trampoline out of reach".to_string()));
-                    continue;
-                }
-            }
+            let Some(jmp) = fnscope_x86::jmp_rel32(code_at + orig.len() as u64, p.addr + orig.len() as u64) else {
+                failed.push((p.index, "trampoline out of reach".to_string()));
+                continue;
+            };
+            code[..orig.len()].copy_from_slice(orig);
+            code[orig.len()..orig.len() + jmp.len()].copy_from_slice(&jmp);
         } else {
             match fnscope_x86::relocate(orig, p.addr, code_at) {
-                Ok(r) => r,
+                Ok(r) => {
+                    let n = r.len().min(code.len());
+                    code[..n].copy_from_slice(&r[..n]);
+                }
                 Err(e) => {
                     failed.push((p.index, e.to_string()));
                     continue;
                 }
             }
-        };
+        }
         let entry = match kind {
             SlotKind::Trace | SlotKind::Prehook => slot,
             SlotKind::Count => slot + COUNT_TAIL as u64,
         };
-        let jumps = match p.hook.patches(p.addr, entry) {
-            Some(j) => j,
-            None => {
-                failed.push((p.index, "trampoline out of reach".to_string()));
-                continue;
-            }
-        };
+        let before = jumps.len();
+        if !p.hook.patches_into(p.addr, entry, &mut jumps) {
+            failed.push((p.index, "trampoline out of reach".to_string()));
+            continue;
+        }
         if kind != SlotKind::Prehook && *next_id >= max_id {
+            jumps.truncate(before);
             failed.push((p.index, "no counter left for it (libraries loaded late in count mode)".to_string()));
             continue;
         }
@@ -470,27 +478,24 @@ fn build_slots(
         if kind == SlotKind::Trace {
             crate::thread::set_range(id, p.addr, p.addr + p.size.max(1));
         }
-        let head = match kind {
+        match kind {
             // Functions with values to record or injections have a stub of their own.
-            SlotKind::Trace => match descs.remove(&p.index).and_then(|d| crate::args::register(id, d)) {
-                Some(line) => {
-                    args_lines.push_str(&line);
-                    trace_head(slot, area.base + 16, id)
-                }
-                None => trace_head(slot, area.base, id),
-            },
-            SlotKind::Prehook => trace_head(slot, area.base, id),
-            SlotKind::Count => count_head(slot, area.base, id),
-        };
-        // SAFETY: the slot lies inside the area (see above) and is `slot_len(p)` bytes long,
-        // which bounds the relocated code by `max_relocated_len`.
-        unsafe {
-            core::ptr::copy_nonoverlapping(head.as_ptr(), slot as *mut u8, head.len());
-            let n = reloc.len().min(slot_len(p) - code_offset);
-            core::ptr::copy_nonoverlapping(reloc.as_ptr(), code_at as *mut u8, n);
+            SlotKind::Trace => {
+                let desc = if descs.is_empty() { None } else { descs.remove(&p.index) };
+                let header = match desc.and_then(|d| crate::args::register(id, d)) {
+                    Some(line) => {
+                        args_lines.push_str(&line);
+                        area.base + 16
+                    }
+                    None => area.base,
+                };
+                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, header, id));
+            }
+            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, id)),
+            SlotKind::Count => mem[..COUNT_CODE_OFFSET].copy_from_slice(&count_head(slot, area.base, id)),
         }
-        patches.extend(jumps.into_iter().map(|jump| Patch { jump, id, after }));
-        off += slot_len(p);
+        patches.extend(jumps[before..].iter().map(|&jump| Patch { jump, id, after }));
+        off += len;
     }
     set_prot(area.base, area.len, PROT_READ | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
     Ok(Built { patches, failed, ids, args_lines })
@@ -594,8 +599,35 @@ fn push_name(out: &mut String, f: &fnscope_symbols::Function) {
         Some(n) if !n.contains(['\t', '\n']) => out.push_str(n),
         Some(n) => out.push_str(&n.replace(['\t', '\n'], " ")),
         None => {
-            let _ = write!(out, "sub_{:x}", f.address);
+            out.push_str("sub_");
+            push_number(out, f.address, 16);
         }
+    }
+}
+
+/// Appends `v` in base 10 or 16 (lower case). The table has a few numbers on each of tens of
+/// thousands of lines, and `write!` took most of the time of writing it.
+fn push_number(out: &mut String, mut v: u64, base: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b"0123456789abcdef"[(v % base) as usize];
+        v /= base;
+        if v == 0 {
+            break;
+        }
+    }
+    // The digits are ASCII.
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
+}
+
+/// Appends `text` with its tabs and line feeds made spaces (a table field).
+fn push_field(out: &mut String, text: &str) {
+    if text.contains(['\t', '\n']) {
+        out.push_str(&text.replace(['\t', '\n'], " "));
+    } else {
+        out.push_str(text);
     }
 }
 
@@ -700,22 +732,37 @@ pub fn plan_module(
     for (i, why) in built.failed {
         skips.push((i, skip_reason::UNRELOCATABLE, why));
     }
+    let out = &mut table.text;
+    out.reserve(built.ids.len() * 48 + skips.len() * 96);
     for &(i, id) in &built.ids {
         let f = &inv.functions[i];
-        let _ = write!(table.text, "func\t{id}\t{midx}\t{:x}\t{}\t", f.address, f.size);
-        push_name(&mut table.text, f);
-        table.text.push('\n');
+        out.push_str("func\t");
+        push_number(out, u64::from(id), 10);
+        out.push('\t');
+        push_number(out, u64::from(midx), 10);
+        out.push('\t');
+        push_number(out, f.address, 16);
+        out.push('\t');
+        push_number(out, f.size, 10);
+        out.push('\t');
+        push_name(out, f);
+        out.push('\n');
     }
     for (i, reason, detail) in &skips {
         let f = &inv.functions[*i];
-        let _ = writeln!(
-            table.text,
-            "skip\t{midx}\t{:x}\t{}\t{reason}\t{}\t{}",
-            f.address,
-            f.size,
-            detail.replace(['\t', '\n'], " "),
-            name_of(&inv, *i)
-        );
+        out.push_str("skip\t");
+        push_number(out, u64::from(midx), 10);
+        out.push('\t');
+        push_number(out, f.address, 16);
+        out.push('\t');
+        push_number(out, f.size, 10);
+        out.push('\t');
+        out.push_str(reason);
+        out.push('\t');
+        push_field(out, detail);
+        out.push('\t');
+        push_name(out, f);
+        out.push('\n');
     }
     Ok(ModuleResult { hooked: built.ids.len(), skipped: skips.len(), patches: built.patches, cached: inv.cached })
 }

@@ -316,9 +316,9 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     } else {
         t.table.add_generated_func(midx, start, size, name, max_id).ok_or("no counter left for it (count mode)")?
     };
-    let head = match kind {
-        SlotKind::Count => hook::count_head(slot, area_base, id),
-        _ => hook::trace_head(slot, area_base, id),
+    let head: &[u8] = match kind {
+        SlotKind::Count => &hook::count_head(slot, area_base, id),
+        _ => &hook::trace_head(slot, area_base, id),
     };
     // SAFETY: `take_slot` reserved `slot_len` bytes at `slot` in a read-write-execute area of
     // ours that no jump leads into yet; the head and the relocated prologue fit (`slot_len`

@@ -104,20 +104,28 @@ impl Hook {
     /// whose trampoline starts at `slot`, each with the [`Stage`] it is written in. `None` if
     /// `slot` is beyond the reach of a `jmp rel32`.
     pub fn patches(&self, entry: u64, slot: u64) -> Option<Vec<Patch>> {
+        let mut v = Vec::with_capacity(2);
+        self.patches_into(entry, slot, &mut v).then_some(v)
+    }
+
+    /// [`Hook::patches`] appended to `out` (nothing appended and `false` when out of reach):
+    /// start-up builds tens of thousands, without a vector each.
+    pub fn patches_into(&self, entry: u64, slot: u64, out: &mut Vec<Patch>) -> bool {
         let (island_offset, island_stage) = match self.form {
             HookForm::Entry | HookForm::Padding => {
-                return Some(vec![Patch::new(entry, &jmp_rel32(entry, slot)?, Stage::Entry)]);
+                let Some(jmp) = jmp_rel32(entry, slot) else { return false };
+                out.push(Patch::new(entry, &jmp, Stage::Entry));
+                return true;
             }
             HookForm::Island { island_offset } => (island_offset, Stage::Island),
             HookForm::Borrowed { island_offset, .. } => (island_offset, Stage::BorrowedIsland),
         };
         let island = entry.wrapping_add_signed(i64::from(island_offset));
         let disp = island.wrapping_sub(entry.wrapping_add(SHORT_JMP_LEN as u64)) as i64;
-        let disp = i8::try_from(disp).ok()?;
-        Some(vec![
-            Patch::new(island, &jmp_rel32(island, slot)?, island_stage),
-            Patch::new(entry, &[0xeb, disp as u8], Stage::ShortJump),
-        ])
+        let (Ok(disp), Some(jmp)) = (i8::try_from(disp), jmp_rel32(island, slot)) else { return false };
+        out.push(Patch::new(island, &jmp, island_stage));
+        out.push(Patch::new(entry, &[0xeb, disp as u8], Stage::ShortJump));
+        true
     }
 }
 
@@ -713,6 +721,8 @@ const RET_SLOT_IP: u64 = u64::MAX - 7;
 pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, RelocError> {
     let mut decoder = Decoder::with_ip(64, code, orig_addr, DecoderOptions::NONE);
     let mut instrs = Vec::with_capacity(JMP_LEN + 1);
+    // Where each instruction's 32-bit RIP-relative displacement is in `code`, if it has one.
+    let mut displacements = Vec::with_capacity(JMP_LEN + 1);
     while decoder.can_decode() {
         let offset = decoder.position();
         let instr = decoder.decode();
@@ -725,6 +735,8 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
                 },
             );
         }
+        let c = decoder.get_constant_offsets(&instr);
+        displacements.push((instr.is_ip_rel_memory_operand() && c.has_displacement() && c.displacement_size() == 4).then(|| offset + c.displacement_offset()));
         instrs.push(instr);
     }
     let back = orig_addr.wrapping_add(code.len() as u64);
@@ -740,6 +752,9 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
             out.extend_from_slice(&jmp);
             return Ok(out);
         }
+    }
+    if let Some(out) = moved_with_displacements(code, &instrs, &displacements, orig_addr, new_addr) {
+        return Ok(out);
     }
     let encode_err = |e: iced_x86::IcedError| RelocError::Encode {
         new_addr,
@@ -814,6 +829,36 @@ pub fn relocate(code: &[u8], orig_addr: u64, new_addr: u64) -> Result<Vec<u8>, R
         });
     }
     Ok(out)
+}
+
+/// `code` moved to `new_addr` when its only ties to where it ran are RIP-relative memory
+/// operands with 32-bit displacements (a load of a global, a `cmp` with one) and it falls
+/// through: the bytes with those displacements aimed at the same targets, and a jump back.
+/// `None` otherwise (branches, calls, a `lea` of the displaced bytes themselves, a target out
+/// of reach), for the block encoder, which takes a microsecond or so per prologue: the most
+/// of a warm start-up for programs with many such prologues.
+fn moved_with_displacements(code: &[u8], instrs: &[Instruction], displacements: &[Option<usize>], orig_addr: u64, new_addr: u64) -> Option<Vec<u8>> {
+    let back = orig_addr.wrapping_add(code.len() as u64);
+    let movable = |(i, d): (&Instruction, &Option<usize>)| {
+        i.flow_control() == FlowControl::Next
+            && match d {
+                Some(_) => !(i.mnemonic() == Mnemonic::Lea && (orig_addr..back).contains(&i.ip_rel_memory_address())),
+                None => !i.is_ip_rel_memory_operand(),
+            }
+    };
+    if !instrs.iter().zip(displacements).all(movable) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(code.len() + JMP_LEN);
+    out.extend_from_slice(code);
+    for (i, d) in instrs.iter().zip(displacements) {
+        let Some(at) = *d else { continue };
+        let next = new_addr.wrapping_add(i.next_ip().wrapping_sub(orig_addr));
+        let disp = i32::try_from(i.ip_rel_memory_address().wrapping_sub(next) as i64).ok()?;
+        out[at..at + 4].copy_from_slice(&disp.to_le_bytes());
+    }
+    out.extend_from_slice(&jmp_rel32(new_addr.wrapping_add(code.len() as u64), back)?);
+    Some(out)
 }
 
 /// Whether an instruction does the same wherever it is: no RIP-relative operand, no relative

@@ -602,3 +602,60 @@ fn threads_and_modes_agree() {
         assert!(as_is > 100, "{p}: only {as_is} prologues move as they are");
     }
 }
+
+/// Prologues whose only ties to their address are RIP-relative operands keep their length
+/// when moved, and every instruction of the copy reads or writes the very address the original
+/// did, and then jumps back; a `lea` of the displaced bytes themselves still becomes a constant.
+#[test]
+fn rip_relative_prologues_move_with_their_displacements() {
+    let mut moved = 0;
+    for p in ["/usr/bin/python3.11", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git"] {
+        let path = Path::new(p);
+        if !path.exists() {
+            continue;
+        }
+        let data = std::fs::read(path).unwrap();
+        let inv = fnscope_symbols::load_bytes(path, &data).unwrap();
+        for (f, v) in inv.functions.iter().zip(analyze(&inv, &data)) {
+            let Some(len) = v.relocate_len() else { continue };
+            let bytes = &inv.code_bytes(&data, f.address).unwrap()[..len];
+            let decode = |b: &[u8], ip: u64| {
+                let mut d = Decoder::with_ip(64, b, ip, DecoderOptions::NONE);
+                let mut v = Vec::new();
+                while d.can_decode() {
+                    v.push(d.decode());
+                }
+                v
+            };
+            let orig = decode(bytes, f.address);
+            let plain = orig.iter().all(|i| i.flow_control() == iced_x86::FlowControl::Next);
+            let self_lea = orig.iter().any(|i| {
+                i.mnemonic() == Mnemonic::Lea && i.is_ip_rel_memory_operand() && (f.address..f.address + len as u64).contains(&i.ip_rel_memory_address())
+            });
+            if !plain || self_lea || !orig.iter().any(|i| i.is_ip_rel_memory_operand()) {
+                continue;
+            }
+            for new_addr in [f.address + (3 << 29), f.address.wrapping_sub(3 << 29)] {
+                let out = relocate(bytes, f.address, new_addr).unwrap();
+                assert_eq!(out.len(), len + 5, "{p}: {} keeps its length", f.display_name());
+                let copy = decode(&out[..len], new_addr);
+                assert_eq!(copy.len(), orig.len());
+                for (a, b) in orig.iter().zip(&copy) {
+                    assert_eq!(a.code(), b.code(), "{p}: {}", f.display_name());
+                    if a.is_ip_rel_memory_operand() {
+                        assert_eq!(a.ip_rel_memory_address(), b.ip_rel_memory_address(), "{p}: {}", f.display_name());
+                    }
+                }
+                let back = decode(&out[len..], new_addr + len as u64);
+                assert_eq!(back[0].near_branch_target(), f.address + len as u64);
+            }
+            moved += 1;
+        }
+    }
+    assert!(moved > 100, "only {moved} prologues with RIP-relative operands");
+    // `lea rax, [rip - 7]` (its own address) loads the original address as a constant.
+    let orig = 0x7f12_3456_0000u64;
+    let out = relocate(&[0x48, 0x8d, 0x05, 0xf9, 0xff, 0xff, 0xff], orig, orig + 4096).unwrap();
+    let i = Decoder::with_ip(64, &out, orig + 4096, DecoderOptions::NONE).decode();
+    assert_eq!((i.mnemonic(), i.immediate(1)), (Mnemonic::Mov, orig));
+}
