@@ -622,6 +622,16 @@ fn push_number(out: &mut String, mut v: u64, base: u64) {
     out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
 }
 
+/// Appends the module index, address (hex) and size of `f`, each followed by a tab.
+fn push_place(out: &mut String, midx: u32, f: &fnscope_symbols::Function) {
+    push_number(out, u64::from(midx), 10);
+    out.push('\t');
+    push_number(out, f.address, 16);
+    out.push('\t');
+    push_number(out, f.size, 10);
+    out.push('\t');
+}
+
 /// Appends `text` with its tabs and line feeds made spaces (a table field).
 fn push_field(out: &mut String, text: &str) {
     if text.contains(['\t', '\n']) {
@@ -739,24 +749,14 @@ pub fn plan_module(
         out.push_str("func\t");
         push_number(out, u64::from(id), 10);
         out.push('\t');
-        push_number(out, u64::from(midx), 10);
-        out.push('\t');
-        push_number(out, f.address, 16);
-        out.push('\t');
-        push_number(out, f.size, 10);
-        out.push('\t');
+        push_place(out, midx, f);
         push_name(out, f);
         out.push('\n');
     }
     for (i, reason, detail) in &skips {
         let f = &inv.functions[*i];
         out.push_str("skip\t");
-        push_number(out, u64::from(midx), 10);
-        out.push('\t');
-        push_number(out, f.address, 16);
-        out.push('\t');
-        push_number(out, f.size, 10);
-        out.push('\t');
+        push_place(out, midx, f);
         out.push_str(reason);
         out.push('\t');
         push_field(out, detail);
