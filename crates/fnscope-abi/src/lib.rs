@@ -56,8 +56,9 @@ pub struct RegionHeader {
     pub next_image_sid: u32,
     /// Records dropped because no chunk was free in time, summed over all threads.
     pub lost_records: u64,
-    /// Unused (it was a hint where to look for a free chunk; agents now take the lowest).
-    pub reserved: u32,
+    /// Shadow-stack slots ever claimed: slots at this index and above were never used, so
+    /// an agent looking for slots of an earlier image of its process stops here.
+    pub slots_used: u32,
     /// Number of agent instances that initialised (for the summary).
     pub agents: u32,
     /// Process id of the recorder: an agent that finds it gone stops recording (and removes

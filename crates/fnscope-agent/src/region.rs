@@ -96,8 +96,12 @@ pub fn claim_slot(pid: u32, tid: u32) -> *mut u8 {
     if !attached() {
         return core::ptr::null_mut();
     }
+    // SAFETY: aligned u32 inside the mapped header.
+    let used = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).slots_used)) };
     for i in 0..STACK_SLOTS.load(Ordering::Relaxed) {
         let h = slot_head(i);
+        // Before the slot can be ours, so that a scan never stops short of a slot in use.
+        used.fetch_max(i + 1, Ordering::AcqRel);
         // SAFETY: the state word of a slot header inside the mapping.
         let state = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*h).state)) };
         if state.compare_exchange(fnscope_abi::SLOT_FREE, fnscope_abi::SLOT_OWNED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
@@ -351,7 +355,18 @@ pub fn abandon_previous_images(pid: u32) {
     let fd = region_fd();
     // Owned by another process, or free: not ours to look at further.
     let other = |state: u32, owned: u32, owner: u32| state != owned || owner != pid;
-    for i in 0..STACK_SLOTS.load(Ordering::Relaxed) {
+    // Only slots and chunks ever used can hold anything of an earlier image: a program
+    // started fresh looks at a few, where a look at every one was a system call each (a
+    // millisecond or two at the start of every process).
+    let hdr = header();
+    // SAFETY: aligned u32s inside the mapped header.
+    let (slots_used, chunks_used) = unsafe {
+        (
+            AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).slots_used)).load(Ordering::Acquire),
+            AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).chunks_used)).load(Ordering::Acquire),
+        )
+    };
+    for i in 0..STACK_SLOTS.load(Ordering::Relaxed).min(slots_used) {
         let h = slot_head(i);
         if peek(fd, h as u64, 3).is_some_and(|(state, owner)| other(state, fnscope_abi::SLOT_OWNED, owner)) {
             continue;
@@ -370,7 +385,7 @@ pub fn abandon_previous_images(pid: u32) {
         }
     }
     let cap = capacity();
-    for i in 0..NCHUNKS.load(Ordering::Relaxed) {
+    for i in 0..NCHUNKS.load(Ordering::Relaxed).min(chunks_used) {
         let c = chunk(i);
         if peek(fd, c as u64, 2).is_some_and(|(state, owner)| other(state, CHUNK_OWNED, owner)) {
             continue;
