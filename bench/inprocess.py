@@ -8,13 +8,15 @@ program itself) and runs it natively, under `fnscope record` (timing), with
 `--min-duration 1ns` (every call kept: the exit stub's extra test is all that is added) and
 with `--flight`; and bench/workloads/fib3_timed.c (the same recursion with three integer
 arguments) timed plainly and with its three arguments and return value recorded (`-A`,
-`-R`). The configurations are interleaved round by round. Prints the median, least and most
-ns per call of each, and one `rdtsc`'s cost (bench/tools/rdtsc_cost.c): two of them per call
-are the floor of timing mode.
+`-R`); and, when `uftrace` is on PATH, fib under `uftrace record -P .` (dynamic patching of
+the same binary). The configurations are interleaved round by round. Prints the median,
+least and most ns per call of each, and one `rdtsc`'s cost (bench/tools/rdtsc_cost.c): two of
+them per call are the floor of timing mode.
 """
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,23 +52,37 @@ def main():
         "fib3 timing": (fib3, []),
         "fib3 -A (3 args) -R": (fib3, values),
     }
+    uftrace = shutil.which("uftrace")
+    if uftrace:
+        configs["uftrace -P ."] = (fib, "uftrace")
     got = {k: [] for k in configs}
     for r in range(args.runs):
         for name, (prog, opts) in configs.items():
-            cmd = [prog] if opts is None else [fnscope, "record", "-o", trace] + opts + args.extra + ["--", prog]
+            if opts == "uftrace":
+                cmd = [uftrace, "record", "-d", trace + ".uftrace", "--no-libcall", "-P", ".", prog]
+            else:
+                cmd = [prog] if opts is None else [fnscope, "record", "-o", trace] + opts + args.extra + ["--", prog]
             out = subprocess.run(cmd, capture_output=True, text=True).stdout
             m = re.search(r"ns/call=([0-9.]+)", out)
             if not m:
                 sys.exit(f"no ns/call in the output of {' '.join(cmd)}:\n{out}")
             got[name].append(float(m.group(1)))
         print(f"round {r + 1}/{args.runs}", file=sys.stderr)
-    print(subprocess.run([rdtsc], capture_output=True, text=True).stdout.strip())
+    out = subprocess.run([rdtsc], capture_output=True, text=True).stdout.strip()
+    print(out)
+    rdtsc_ns = float(out.split()[1]) if out.startswith("rdtsc-ns:") else None
     print(f"| recording | median ns/call | least | most | vs timing of the same program |")
     print(f"|---|---|---|---|---|")
     for name, v in got.items():
         med = statistics.median(v)
         timing = statistics.median(got["fib3 timing" if name.startswith("fib3") else "timing"])
         print(f"| {name} | {med:.2f} | {min(v):.2f} | {max(v):.2f} | {med / timing:.2f}x |")
+    timing = statistics.median(got["timing"])
+    if rdtsc_ns:
+        print(f"\ntiming mode: {timing / (2 * rdtsc_ns):.2f}x the floor of two rdtsc ({2 * rdtsc_ns:.2f} ns)")
+    if "uftrace -P ." in got:
+        print(f"uftrace -P . costs {statistics.median(got['uftrace -P .']) / timing:.2f}x fnscope's timing mode per call")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
