@@ -8,7 +8,8 @@ program itself) and runs it natively, under `fnscope record` (timing), with
 `--min-duration 1ns` (every call kept: the exit stub's extra test is all that is added) and
 with `--flight`; and bench/workloads/fib3_timed.c (the same recursion with three integer
 arguments) timed plainly and with its three arguments and return value recorded (`-A`,
-`-R`); and, when `uftrace` is on PATH, fib under `uftrace record -P .` (dynamic patching of
+`-R`), also with `--flight`, where the recorder copies chunks instead of compressing them
+alongside; and, when `uftrace` is on PATH, fib under `uftrace record -P .` (dynamic patching of
 the same binary). The configurations are interleaved round by round. Prints the median,
 least and most ns per call of each, and one `rdtsc`'s cost (bench/tools/rdtsc_cost.c): two of
 them per call are the floor of timing mode.
@@ -51,6 +52,9 @@ def main():
         "fib3 native": (fib3, None),
         "fib3 timing": (fib3, []),
         "fib3 -A (3 args) -R": (fib3, values),
+        # The recorder copies chunks instead of compressing them: the stubs' own cost, with
+        # the least of the recorder's work running alongside.
+        "fib3 -A (3 args) -R --flight": (fib3, values + ["--flight"]),
     }
     uftrace = shutil.which("uftrace")
     if uftrace:
