@@ -233,60 +233,61 @@ struct Func {
     tail: Vec<u8>,
 }
 
+/// Writes `v` as a protobuf varint at `out[*n..]`, moving `n` past it.
+#[inline]
+fn varint_at(out: &mut [u8], n: &mut usize, mut v: u64) {
+    while v >= 0x80 {
+        out[*n] = v as u8 | 0x80;
+        *n += 1;
+        v >>= 7;
+    }
+    out[*n] = v as u8;
+    *n += 1;
+}
+
 /// Appends one slice begin or end packet to `buf`: `Trace.packet { timestamp,
 /// [timestamp_clock_id: BOOTTIME when `absolute`], trusted_packet_sequence_id, sequence_flags,
 /// track_event { type, ...tail } }` (the track is the sequence's default).
 /// Written directly because these packets are nearly all of a file, and encoding them through
 /// the message structs (nested lengths computed again at each level) took most of an
-/// export's time; the `encodes_like_prost` test checks they decode to the same packet.
+/// export's time; the fields before the tail (at most 32 bytes) are put together byte by byte
+/// in an array and appended at once. The `encodes_like_prost` test checks the packets decode
+/// to the same message.
 fn slice_packet(buf: &mut Vec<u8>, ts: u64, absolute: bool, seq: u32, kind: i32, tail: &[&[u8]]) {
     use prost::encoding::encoded_len_varint as len;
     let tail_len: usize = tail.iter().map(|t| t.len()).sum();
     let event = 2 + tail_len;
     let clock = if absolute { 3 } else { 0 };
     let packet = 1 + len(ts) + clock + 1 + len(u64::from(seq)) + 2 + 1 + len(event as u64) + event;
-    // The fields before the tail, at most 32 bytes, put together in a fixed array and
-    // appended whole (then cut to length): appending them a byte at a time, or a slice of
-    // variable length, was a tenth of an export's time.
-    let mut head = [0u8; 32];
+    let mut h = [0u8; 32];
     let mut n = 0;
-    let mut put = |bytes: &[u8]| {
-        head[n..n + bytes.len()].copy_from_slice(bytes);
-        n += bytes.len();
-    };
-    let mut v = [0u8; 10];
-    put(&[0x0a]); // Trace.packet, length-delimited
-    put(varint_into(&mut v, packet as u64));
-    put(&[0x40]); // timestamp (8), varint
-    put(varint_into(&mut v, ts));
+    h[n] = 0x0a; // Trace.packet, length-delimited
+    n += 1;
+    varint_at(&mut h, &mut n, packet as u64);
+    h[n] = 0x40; // timestamp (8), varint
+    n += 1;
+    varint_at(&mut h, &mut n, ts);
     if absolute {
-        put(&[0xd0, 0x03, CLOCK_BOOTTIME as u8]); // timestamp_clock_id (58)
+        // timestamp_clock_id (58)
+        h[n..n + 3].copy_from_slice(&[0xd0, 0x03, CLOCK_BOOTTIME as u8]);
+        n += 3;
     }
-    put(&[0x50]); // trusted_packet_sequence_id (10)
-    put(varint_into(&mut v, u64::from(seq)));
-    put(&[0x68, SEQ_NEEDS_INCREMENTAL_STATE as u8]); // sequence_flags (13)
-    put(&[0x5a]); // track_event (11), length-delimited
-    put(varint_into(&mut v, event as u64));
-    put(&[0x48, kind as u8]); // type (9)
-    let start = buf.len();
-    buf.reserve(head.len() + tail_len);
-    buf.extend_from_slice(&head);
-    buf.truncate(start + n);
+    h[n] = 0x50; // trusted_packet_sequence_id (10)
+    n += 1;
+    varint_at(&mut h, &mut n, u64::from(seq));
+    h[n] = 0x68; // sequence_flags (13)
+    h[n + 1] = SEQ_NEEDS_INCREMENTAL_STATE as u8;
+    h[n + 2] = 0x5a; // track_event (11), length-delimited
+    n += 3;
+    varint_at(&mut h, &mut n, event as u64);
+    h[n] = 0x48; // type (9)
+    h[n + 1] = kind as u8;
+    n += 2;
+    buf.reserve(n + tail_len);
+    buf.extend_from_slice(&h[..n]);
     for t in tail {
         buf.extend_from_slice(t);
     }
-}
-
-/// `v` as a protobuf varint in `out`; returns the bytes used.
-fn varint_into(out: &mut [u8; 10], mut v: u64) -> &[u8] {
-    let mut i = 0;
-    while v >= 0x80 {
-        out[i] = v as u8 | 0x80;
-        v >>= 7;
-        i += 1;
-    }
-    out[i] = v as u8;
-    &out[..=i]
 }
 
 struct Writer {
