@@ -249,6 +249,12 @@ impl CallData {
         self.words.extend_from_slice(words);
     }
 
+    /// Removes every unit, keeping the memory.
+    pub fn clear(&mut self) {
+        self.units.clear();
+        self.words.clear();
+    }
+
     /// Number of units.
     pub fn len(&self) -> usize {
         self.units.len()
@@ -289,8 +295,7 @@ pub fn split_data(raw: &[Record]) -> (Vec<Record>, CallData) {
 pub fn split_data_into(raw: &[Record], records: &mut Vec<Record>, data: &mut CallData) {
     records.clear();
     records.reserve(raw.len());
-    data.units.clear();
-    data.words.clear();
+    data.clear();
     data.words.reserve(raw.len() * 2);
     // Words of the unit being read go straight to their place; an orphan's are taken back.
     let mut start = 0usize;
@@ -466,6 +471,8 @@ pub struct TraceWriter {
     scratch: events::ColumnScratch,
     data_varints: events::VarintBuf,
     zstd: zstd::bulk::Compressor<'static>,
+    /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
+    data_zstd: Option<zstd::bulk::Compressor<'static>>,
 }
 
 impl TraceWriter {
@@ -483,6 +490,7 @@ impl TraceWriter {
             scratch: Default::default(),
             data_varints: Default::default(),
             zstd,
+            data_zstd: None,
         };
         let mut head = [0u8; FILE_HEADER_SIZE as usize];
         head[..8].copy_from_slice(&MAGIC);
@@ -602,7 +610,10 @@ impl TraceWriter {
     /// varints, per unit: record index minus the previous unit's (the first: the index),
     /// number of words, the words.
     fn write_call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &CallData) -> Result<(), FormatError> {
-        self.zstd.set_compression_level(events::DATA_ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?;
+        let zstd = match &mut self.data_zstd {
+            Some(z) => z,
+            None => self.data_zstd.insert(zstd::bulk::Compressor::new(events::DATA_ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?),
+        };
         let mut out = self.data_varints.writer(2 * data.len() + data.word_count());
         let mut prev = 0u32;
         for (record, words) in data.iter() {
@@ -623,10 +634,7 @@ impl TraceWriter {
         p.reserve(zstd::zstd_safe::compress_bound(varints.len()));
         let mut cur = io::Cursor::new(&mut self.payload);
         cur.set_position(CALLDATA_HEADER_SIZE as u64);
-        self.zstd
-            .compress_to_buffer(varints, &mut cur)
-            .map_err(io_err("compress call data for", &self.path))?;
-        self.zstd.set_compression_level(events::ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?;
+        zstd.compress_to_buffer(varints, &mut cur).map_err(io_err("compress call data for", &self.path))?;
         self.chunk(KIND_CALLDATA)
     }
 
