@@ -85,23 +85,10 @@ pub fn run(
         anyhow::bail!("--split-size writes several files: name the first with -o");
     }
     let out = Output { path: c.output.clone(), split_size };
-    let bar = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_message("exporting");
-    let started = std::time::Instant::now();
-    let mut progress = |done: u64, total: u64| {
-        // Only when it takes more than a moment: a quick export draws nothing.
-        if started.elapsed().as_millis() >= 1000 {
-            bar.set_length(total);
-            bar.set_position(done);
-        }
-    };
+    let bar = crate::progress::Progress::new("exporting");
+    let mut progress = |done: u64, total: u64| bar.update(done, total);
     let warnings = f(&c.input, &opts, &out, &mut progress);
-    bar.finish_and_clear();
+    drop(bar);
     for w in warnings? {
         eprintln!("fnscope: warning: {w}");
     }

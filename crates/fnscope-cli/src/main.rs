@@ -4,6 +4,7 @@ mod agent_lib;
 mod export;
 mod flight;
 mod funcs;
+mod progress;
 mod record;
 mod server;
 mod values;
@@ -68,6 +69,12 @@ enum Command {
         /// code and counts are exact. Slower: the small methods Mono inlines become calls.
         #[arg(long)]
         mono_no_inline: bool,
+        /// When more than CHUNKS full chunks wait for the recorder (the program makes calls
+        /// faster than they compress), write them to the trace uncompressed, so that the
+        /// program does not wait; they are compressed when the program has ended. 0 writes
+        /// every chunk uncompressed first; a large number never does.
+        #[arg(long, value_name = "CHUNKS", default_value_t = 4)]
+        spill_after: usize,
         #[command(flatten)]
         filters: record::FilterArgs,
         #[command(flatten)]
@@ -410,7 +417,7 @@ fn one_line(e: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<i32> {
     use std::io::Write;
     match cli.command {
-        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, mono_no_inline, filters, values, flight, upload, token, tags, command } => {
+        Command::Record { output, libs, buffer_mb, verbose, mode, no_follow_exec, no_cache, mono_no_inline, spill_after, filters, values, flight, upload, token, tags, command } => {
             let count = mode == Mode::Count;
             let follow_exec = !no_follow_exec;
             let filters = filters.check(count)?;
@@ -421,7 +428,7 @@ fn run(cli: Cli) -> Result<i32> {
             let plan_cache = !no_cache;
             let trace = output.clone();
             let flight_mode = flight.is_some();
-            let out = record::record(&record::RecordOptions { output, libs, chunks, chunk_size, verbose, count, follow_exec, plan_cache, mono_no_inline, filters, values, flight, command })?;
+            let out = record::record(&record::RecordOptions { output, libs, chunks, chunk_size, verbose, count, follow_exec, plan_cache, mono_no_inline, spill_after, filters, values, flight, command })?;
             if let Some(server) = upload {
                 // A flight recording's calls are in its snapshots, which overlap and share
                 // the run's identity: the last one goes (the crash or the exit, when taken).

@@ -34,6 +34,8 @@ pub struct RecordOptions {
     pub plan_cache: bool,
     /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
     pub mono_no_inline: bool,
+    /// Full chunks left waiting beyond which the oldest are written uncompressed (RAW).
+    pub spill_after: usize,
     /// Record-time filters.
     pub filters: RecordFilters,
     /// The flight recorder's settings, in flight mode.
@@ -597,6 +599,8 @@ struct Recorder {
     min_ticks: u64,
     /// Call records and data units of the chunk being written, kept from chunk to chunk.
     split: (Vec<Record>, fnscope_format::CallData),
+    /// [`RecordOptions::spill_after`].
+    spill_after: usize,
 }
 
 impl Recorder {
@@ -662,8 +666,9 @@ impl Recorder {
         Ok(())
     }
 
-    /// Writes chunk `i` (holding `n` records) to the trace and frees it.
-    fn take(&mut self, i: u32, n: usize, extra_flags: u32) -> Result<()> {
+    /// Writes chunk `i` (holding `n` records) to the trace and frees it: as it is (RAW) when
+    /// `raw`, else encoded and compressed.
+    fn take(&mut self, i: u32, n: usize, extra_flags: u32, raw: bool) -> Result<()> {
         // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
         let (sid, pid, tid, seq, lost, flags, name) = unsafe {
             let c = &*self.region.chunk(i);
@@ -695,6 +700,12 @@ impl Recorder {
             let from = recs[..raw_from.min(recs.len())].iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count();
             let seg = Segment::new(sid, pid, tid, seq, lost, flags | extra_flags, recs.to_vec());
             self.store(seg, from)?;
+        } else if raw {
+            // A copy, a checksum and a write: the chunk is free again in a tenth of the time
+            // an encoding takes. `compact` encodes it when the program is done.
+            self.writer.write_raw_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
+            self.calls += recs.iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count() as u64;
+            self.pids.insert(pid);
         } else if crate::flight::has_data_slots(recs) {
             // Straight from shared memory too: the data slots are split off as they are read.
             let (calls, data) = &mut self.split;
@@ -721,13 +732,19 @@ impl Recorder {
 
     /// Copies every FULL chunk, each thread's in stream order (the region's order is not
     /// the threads'). Returns how many.
-    fn drain(&mut self) -> Result<usize> {
+    ///
+    /// When more than `spill_after` chunks wait, the program is filling them faster than the
+    /// recorder compresses them, and would soon wait for free ones: unless `!spill` (the
+    /// program is done), the oldest go to the trace uncompressed until `spill_after` are
+    /// left, which are compressed as usual.
+    fn drain(&mut self, spill: bool) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
         self.images_checked = false;
         let full = self.region.chunks_in(&[CHUNK_FULL]);
-        for c in &full {
-            self.take(c.index, c.nrec.unwrap_or(0) as usize, 0)?;
+        for (k, c) in full.iter().enumerate() {
+            let waiting = full.len() - k - 1;
+            self.take(c.index, c.nrec.unwrap_or(0) as usize, 0, spill && waiting >= self.spill_after)?;
         }
         Ok(full.len())
     }
@@ -739,7 +756,7 @@ impl Recorder {
         for i in gone.map(|c| c.index).collect::<Vec<_>>() {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
-            self.take(i, n, CHUNK_FLAG_ABANDONED)?;
+            self.take(i, n, CHUNK_FLAG_ABANDONED, false)?;
         }
         self.close_dead_stacks(all)
     }
@@ -788,7 +805,7 @@ impl Recorder {
     /// folder `DIR/snapshot-N` (written under another name, then renamed: a folder of that
     /// name is complete).
     fn snapshot(&mut self, why: &str) -> Result<()> {
-        self.drain()?;
+        self.drain(false)?;
         // Every name the records may need, whatever the throttle on growing tables.
         let throttled = !self.images_final;
         self.images_final = true;
@@ -1063,6 +1080,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         crash_signal: None,
         min_ticks,
         split: Default::default(),
+        spill_after: opts.spill_after,
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
@@ -1072,7 +1090,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes how late this thread's timers may fire.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0) };
     loop {
-        let busy = rec.drain()?;
+        let busy = rec.drain(true)?;
         let sig = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
         if sig != 0 {
             // SAFETY: forwarding a signal to our own child.
@@ -1134,7 +1152,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             std::thread::sleep(nap);
         }
     }
-    rec.drain()?;
+    rec.drain(false)?;
     rec.harvest(true)?;
     rec.images_final = true;
     rec.copy_images()?;
@@ -1171,11 +1189,30 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             .collect(),
     })?;
     rec.writer.flush()?;
+    let mut bytes = rec.writer.bytes_written();
+    if rec.writer.raw_chunks() > 0 {
+        let raw = rec.writer.raw_chunks();
+        let started = Instant::now();
+        let bar = crate::progress::Progress::new("compressing the chunks written uncompressed");
+        match fnscope_format::compact(&dir.join(fnscope_format::TRACE_FILE), |done, total| bar.update(done, total)) {
+            Ok(c) => {
+                bytes = c.bytes_after;
+                if opts.verbose {
+                    eprintln!(
+                        "fnscope: {raw} chunks written uncompressed to keep up with the program ({}), compressed after it ended in {:.2} s",
+                        human_bytes(c.bytes_before),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            // The trace reads the same as it is, only bigger.
+            Err(e) => eprintln!("fnscope: warning: the trace stays partly uncompressed: {e}"),
+        }
+    }
     let (hooked, skipped) = count_hooks(&rec.images_written, &rec);
     // Tables and counters are in the trace file now; these folders were the agents' mailbox.
     let _ = std::fs::remove_dir_all(dir.join("images"));
     let _ = std::fs::remove_dir_all(dir.join("counts"));
-    let bytes = rec.writer.bytes_written();
     let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
     let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
     let unmatched = rec.region.unmatched_returns();

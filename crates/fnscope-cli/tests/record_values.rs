@@ -321,3 +321,28 @@ int main(void) {
     let with_values = entered.iter().filter(|c| c.as_bytes().get(5).is_some_and(u8::is_ascii_digit)).count();
     assert!((4000..=4096).contains(&with_values), "{with_values}");
 }
+
+#[test]
+fn chunks_written_uncompressed_are_compacted_to_the_same_calls() {
+    let dir = TempDir::new("values-spill");
+    let exe = build(dir.path());
+    let (normal, out) = record(dir.path(), "normal", &SPECS, &exe);
+    // Every chunk goes to the trace uncompressed while the program runs, as when the
+    // recorder falls behind; they are compressed when it has ended.
+    let mut opts = SPECS.to_vec();
+    opts.extend(["--spill-after", "0", "-v"]);
+    let out_dir = dir.path().join("spilled");
+    let mut cmd = Command::new(fnscope());
+    cmd.arg("record").arg("-o").arg(&out_dir).args(&opts).arg("--").arg(&exe);
+    let r = run(&mut cmd, b"", Duration::from_secs(120));
+    assert_eq!(r.code, 0, "record failed: {}", clip(&r.stderr));
+    assert_eq!(r.stdout, out);
+    assert!(r.stderr.contains("written uncompressed to keep up"), "{}", clip(&r.stderr));
+    let want = oracle(&out, &["add3", "widths", "slen"]);
+    let calls = |t: &Path| replayed_calls(&replay(t, "tree")).into_iter().filter(|c| ["add3(", "widths(", "slen("].iter().any(|p| c.starts_with(p))).collect::<Vec<_>>();
+    assert_eq!(calls(&out_dir), want);
+    assert_eq!(calls(&normal), want);
+    // Nothing uncompressed is left: the file is one that version 2 readers read whole.
+    let bytes = std::fs::read(out_dir.join("trace.fns")).unwrap();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
+}

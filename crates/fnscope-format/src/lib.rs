@@ -23,8 +23,12 @@ use std::path::{Path, PathBuf};
 /// Version of the trace file format written by this crate; readers refuse newer versions.
 ///
 /// Version 2 made each chunk's checksum cover its kind and length too; version 1 files
-/// (checksum of the payload only) are still read.
-pub const FORMAT_VERSION: u32 = 2;
+/// (checksum of the payload only) are still read. Version 3 added RAW chunks, which a version
+/// 2 reader would skip, losing their calls: only files that hold one say 3 (see
+/// [`VERSION_WITHOUT_RAW`]).
+pub const FORMAT_VERSION: u32 = 3;
+/// Version a file without RAW chunks says it is: readers of version 2 read it whole.
+pub const VERSION_WITHOUT_RAW: u32 = 2;
 /// Oldest format version this crate reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// First eight bytes of a trace file.
@@ -52,6 +56,12 @@ pub const KIND_SUMMARY: u32 = 6;
 /// EVENTS chunk that follows it. Readers that do not know it skip it and see the calls
 /// without their values.
 pub const KIND_CALLDATA: u32 = 7;
+/// Chunk kind: one thread segment as the agent wrote it in shared memory, uncompressed (the
+/// EVENTS header, then the 24-byte slots, data slots included). The recorder writes these when
+/// it falls behind the program, and turns them into EVENTS (and CALLDATA) chunks when the
+/// program has ended ([`compact`]); a recorder stopped before that leaves them, and they read
+/// like the EVENTS chunk they stand for.
+pub const KIND_RAW: u32 = 8;
 
 /// The checksum stored in a chunk header (format version 2 on): CRC-32 (IEEE) of the header's
 /// first 8 bytes (kind and length, little-endian) followed by the payload, so that a changed
@@ -63,6 +73,10 @@ pub fn chunk_checksum(kind: u32, payload: &[u8]) -> u32 {
     h.update(payload);
     h.finalize()
 }
+
+/// What [`TraceReader`] calls a chunk it passed over without reading it (not a kind: kinds
+/// are small numbers).
+const SKIPPED: u32 = u32::MAX;
 
 /// Largest payload a reader accepts; bigger lengths can only come from damage.
 const MAX_PAYLOAD: u32 = 1 << 30;
@@ -333,6 +347,69 @@ pub fn split_data_into(raw: &[Record], records: &mut Vec<Record>, data: &mut Cal
     data.words.truncate(start);
 }
 
+/// A RAW chunk's payload: its header (as a segment without records) and its slots, or `None`
+/// when its length does not match the slot count it gives.
+fn raw_parts(p: &[u8]) -> Option<(ThreadSegment, Vec<Record>)> {
+    let body = p.get(EVENTS_HEADER_SIZE..)?;
+    let nslots = le32(p, 20) as usize;
+    if body.len() != nslots.checked_mul(fnscope_abi::RECORD_SIZE)? {
+        return None;
+    }
+    let head = ThreadSegment { image_sid: le32(p, 0), pid: le32(p, 4), tid: le32(p, 8), seq: le64(p, 12), lost: le64(p, 24), flags: le32(p, 32), ..Default::default() };
+    let slots = body.chunks_exact(fnscope_abi::RECORD_SIZE).map(|s| Record { t_entry: le64(s, 0), t_exit: le64(s, 8), id_depth: le64(s, 16) }).collect();
+    Some((head, slots))
+}
+
+/// What [`compact`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// RAW chunks turned into EVENTS (and CALLDATA) chunks.
+    pub raw_chunks: u64,
+    /// Size of the file before.
+    pub bytes_before: u64,
+    /// Size of the file after.
+    pub bytes_after: u64,
+}
+
+/// Rewrites the trace file at `path` with every RAW chunk encoded and compressed as the EVENTS
+/// chunk (and CALLDATA chunk) it stands for, every other chunk copied unchanged, in the same
+/// order. The new file replaces the old one only once it is whole: if anything fails, the old
+/// one stays, and it reads the same. `progress` is told the bytes read so far and the size.
+pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
+    let mut reader = TraceReader::open(path)?;
+    let path = reader.path().to_path_buf();
+    let size = std::fs::metadata(&path).map_err(io_err("read", &path))?.len();
+    let tmp = path.with_extension("fns.compacting");
+    let mut writer = TraceWriter::create(&tmp)?;
+    let mut done = Compacted { bytes_before: size, ..Default::default() };
+    let (mut calls, mut data) = (Vec::new(), CallData::default());
+    let result = (|| {
+        while let Some((kind, payload)) = reader.next_verbatim()? {
+            if kind == KIND_RAW {
+                let Some((h, slots)) = raw_parts(payload) else {
+                    return Err(FormatError::Corrupt { path: path.clone(), offset: reader.offset(), what: "RAW chunk's length does not match its slot count".into() });
+                };
+                split_data_into(&slots, &mut calls, &mut data);
+                writer.write_segment(h.image_sid, h.pid, h.tid, h.seq, h.lost, h.flags, &calls, &data)?;
+                done.raw_chunks += 1;
+            } else {
+                writer.emit(kind, payload)?;
+            }
+            progress(reader.offset(), size);
+        }
+        writer.flush()?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    done.bytes_after = writer.bytes_written();
+    drop(writer);
+    std::fs::rename(&tmp, &path).map_err(io_err("replace", &path))?;
+    Ok(done)
+}
+
 /// Asks for the cache line at `p` (a hint: any address is allowed, none is read).
 #[inline]
 fn prefetch<T>(p: *const T) {
@@ -473,6 +550,8 @@ pub struct TraceWriter {
     zstd: zstd::bulk::Compressor<'static>,
     /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
+    /// RAW chunks written.
+    raw_chunks: u64,
 }
 
 impl TraceWriter {
@@ -491,10 +570,11 @@ impl TraceWriter {
             data_varints: Default::default(),
             zstd,
             data_zstd: None,
+            raw_chunks: 0,
         };
         let mut head = [0u8; FILE_HEADER_SIZE as usize];
         head[..8].copy_from_slice(&MAGIC);
-        head[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        head[8..12].copy_from_slice(&VERSION_WITHOUT_RAW.to_le_bytes());
         w.put(&head)?;
         Ok(w)
     }
@@ -508,16 +588,24 @@ impl TraceWriter {
     /// Writes `self.payload` as one chunk of `kind`.
     fn chunk(&mut self, kind: u32) -> Result<(), FormatError> {
         let payload = std::mem::take(&mut self.payload);
+        let r = self.emit(kind, &payload);
+        self.payload = payload;
+        self.payload.clear();
+        r
+    }
+
+    /// Writes `payload` as one chunk of `kind`.
+    fn emit(&mut self, kind: u32, payload: &[u8]) -> Result<(), FormatError> {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|&l| l <= MAX_PAYLOAD);
-        let r = match len {
+        match len {
             Some(len) => {
                 let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
                 head[0..4].copy_from_slice(&kind.to_le_bytes());
                 head[4..8].copy_from_slice(&len.to_le_bytes());
-                head[8..12].copy_from_slice(&chunk_checksum(kind, &payload).to_le_bytes());
-                self.put(&head).and_then(|_| self.put(&payload))
+                head[8..12].copy_from_slice(&chunk_checksum(kind, payload).to_le_bytes());
+                self.put(&head).and_then(|_| self.put(payload))
             }
             None => Err(FormatError::Io {
                 action: "write",
@@ -527,10 +615,7 @@ impl TraceWriter {
                     format!("a chunk of {} bytes is over the 1 GiB limit", payload.len()),
                 ),
             }),
-        };
-        self.payload = payload;
-        self.payload.clear();
-        r
+        }
     }
 
     /// Writes the META chunk; write it first.
@@ -605,6 +690,63 @@ impl TraceWriter {
             .map_err(io_err("compress records for", &self.path))?;
         self.chunk(KIND_EVENTS)
     }
+
+    /// Writes a RAW chunk: the EVENTS header, then `slots` (call records and data slots, as
+    /// in shared memory) byte for byte. Costs a copy where [`TraceWriter::write_segment`]
+    /// costs an encoding and a compression: the recorder's way of keeping up with a program
+    /// that fills chunks faster than they compress. The first one marks the file as version
+    /// [`FORMAT_VERSION`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_raw_segment(&mut self, image_sid: u32, pid: u32, tid: u32, seq: u64, lost: u64, flags: u32, slots: &[Record]) -> Result<(), FormatError> {
+        let too_big = || FormatError::Io {
+            action: "write",
+            path: self.path.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "a segment over the 1 GiB chunk limit"),
+        };
+        let nslots = u32::try_from(slots.len()).map_err(|_| too_big())?;
+        // SAFETY: `Record` is `repr(C)` of three `u64`s (no padding), so its slice is
+        // `24 * len` initialised bytes; the format is little-endian, as every target is.
+        let body = unsafe { std::slice::from_raw_parts(slots.as_ptr() as *const u8, std::mem::size_of_val(slots)) };
+        let len = u32::try_from(EVENTS_HEADER_SIZE + body.len()).ok().filter(|&l| l <= MAX_PAYLOAD).ok_or_else(too_big)?;
+        if self.raw_chunks == 0 {
+            self.mark_version(FORMAT_VERSION)?;
+        }
+        let mut head = [0u8; CHUNK_HEADER_SIZE as usize + EVENTS_HEADER_SIZE];
+        let e = &mut head[CHUNK_HEADER_SIZE as usize..];
+        e[0..4].copy_from_slice(&image_sid.to_le_bytes());
+        e[4..8].copy_from_slice(&pid.to_le_bytes());
+        e[8..12].copy_from_slice(&tid.to_le_bytes());
+        e[12..20].copy_from_slice(&seq.to_le_bytes());
+        e[20..24].copy_from_slice(&nslots.to_le_bytes());
+        e[24..32].copy_from_slice(&lost.to_le_bytes());
+        e[32..36].copy_from_slice(&flags.to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&KIND_RAW.to_le_bytes());
+        crc.update(&len.to_le_bytes());
+        crc.update(&head[CHUNK_HEADER_SIZE as usize..]);
+        crc.update(body);
+        head[0..4].copy_from_slice(&KIND_RAW.to_le_bytes());
+        head[4..8].copy_from_slice(&len.to_le_bytes());
+        head[8..12].copy_from_slice(&crc.finalize().to_le_bytes());
+        self.put(&head)?;
+        self.put(body)?;
+        self.raw_chunks += 1;
+        Ok(())
+    }
+
+    /// RAW chunks written so far: when there are some, [`compact`] the file once it is done.
+    pub fn raw_chunks(&self) -> u64 {
+        self.raw_chunks
+    }
+
+    /// Rewrites the version in the file header (the header is at the start of the file, long
+    /// since handed to the operating system or still in the buffer: flushed first).
+    fn mark_version(&mut self, version: u32) -> Result<(), FormatError> {
+        use std::os::unix::fs::FileExt;
+        self.out.flush().map_err(io_err("write", &self.path))?;
+        self.out.get_ref().write_all_at(&version.to_le_bytes(), 8).map_err(io_err("write", &self.path))
+    }
+
 
     /// Writes a CALLDATA chunk: `u32 pid, u32 tid, u64 seq, u32 units`, then one zstd frame of
     /// varints, per unit: record index minus the previous unit's (the first: the index),
@@ -859,7 +1001,7 @@ impl TraceReader {
         }
     }
 
-    fn stop_truncated(&mut self) -> Result<Option<Chunk>, FormatError> {
+    fn stop_truncated<T>(&mut self) -> Result<Option<T>, FormatError> {
         self.done = true;
         self.truncated = true;
         Ok(None)
@@ -867,58 +1009,10 @@ impl TraceReader {
 
     /// Reads one chunk; `Ok(None)` for a skipped chunk or the end (then `done` is set).
     fn read_one(&mut self) -> Result<Option<Chunk>, FormatError> {
-        let at = self.offset;
-        let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
-        let n = read_full(&mut self.input, &mut head).map_err(io_err("read", &self.path))?;
-        if n == 0 {
-            self.done = true;
-            self.truncated |= !self.seen_end;
-            return Ok(None);
-        }
-        if n < head.len() {
-            return self.stop_truncated();
-        }
-        let (kind, len, crc) = (le32(&head, 0), le32(&head, 4), le32(&head, 8));
-        if len > MAX_PAYLOAD {
-            return Err(self.corrupt(at, format!("chunk length {len} is impossibly large")));
-        }
-        let body = at + CHUNK_HEADER_SIZE;
-        if (kind == KIND_EVENTS || kind == KIND_CALLDATA) && self.skip_events {
-            let end = body + len as u64;
-            let size = self
-                .input
-                .get_ref()
-                .metadata()
-                .map_err(io_err("read", &self.path))?
-                .len();
-            if end > size {
-                return self.stop_truncated();
-            }
-            self.input
-                .seek_relative(len as i64)
-                .map_err(io_err("read", &self.path))?;
-            self.offset = end;
-            return Ok(None);
-        }
-        self.payload.clear();
-        let got = (&mut self.input)
-            .take(len as u64)
-            .read_to_end(&mut self.payload)
-            .map_err(io_err("read", &self.path))?;
-        if got < len as usize {
-            return self.stop_truncated();
-        }
-        self.offset = body + len as u64;
-        let expected = if self.version >= 2 {
-            chunk_checksum(kind, &self.payload)
-        } else {
-            crc32fast::hash(&self.payload)
-        };
-        if expected != crc {
-            return Err(self.corrupt(at, "checksum mismatch"));
-        }
+        let Some((at, kind)) = self.read_payload()? else { return Ok(None) };
         let p = &self.payload;
         let chunk = match kind {
+            SKIPPED => return Ok(None),
             KIND_META => {
                 let mm: MergedMeta = serde_json::from_slice(p)
                     .map_err(|e| self.corrupt(at, format!("bad META: {e}")))?;
@@ -945,6 +1039,7 @@ impl TraceReader {
                 }
             }
             KIND_EVENTS => Chunk::Events(self.decode_events(at)?),
+            KIND_RAW => Chunk::Events(self.decode_raw(at)?),
             KIND_COUNTS => Chunk::Counts(self.decode_counts(at)?),
             KIND_SUMMARY => Chunk::Summary(self.decode_summary(at)?),
             KIND_CALLDATA => {
@@ -954,6 +1049,84 @@ impl TraceReader {
             _ => return Ok(None),
         };
         Ok(Some(chunk))
+    }
+
+    /// Reads one chunk's header and payload (into `self.payload`) and checks its checksum:
+    /// its offset and kind ([`SKIPPED`] for a chunk passed over unread). `Ok(None)` at the
+    /// end, or at a chunk cut short (then `done` is set).
+    fn read_payload(&mut self) -> Result<Option<(u64, u32)>, FormatError> {
+        let at = self.offset;
+        let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
+        let n = read_full(&mut self.input, &mut head).map_err(io_err("read", &self.path))?;
+        if n == 0 {
+            self.done = true;
+            self.truncated |= !self.seen_end;
+            return Ok(None);
+        }
+        if n < head.len() {
+            return self.stop_truncated();
+        }
+        let (kind, len, crc) = (le32(&head, 0), le32(&head, 4), le32(&head, 8));
+        if len > MAX_PAYLOAD {
+            return Err(self.corrupt(at, format!("chunk length {len} is impossibly large")));
+        }
+        let body = at + CHUNK_HEADER_SIZE;
+        if (kind == KIND_EVENTS || kind == KIND_CALLDATA || kind == KIND_RAW) && self.skip_events {
+            let end = body + len as u64;
+            let size = self
+                .input
+                .get_ref()
+                .metadata()
+                .map_err(io_err("read", &self.path))?
+                .len();
+            if end > size {
+                return self.stop_truncated();
+            }
+            self.input
+                .seek_relative(len as i64)
+                .map_err(io_err("read", &self.path))?;
+            self.offset = end;
+            return Ok(Some((at, SKIPPED)));
+        }
+        self.payload.clear();
+        let got = (&mut self.input)
+            .take(len as u64)
+            .read_to_end(&mut self.payload)
+            .map_err(io_err("read", &self.path))?;
+        if got < len as usize {
+            return self.stop_truncated();
+        }
+        self.offset = body + len as u64;
+        let expected = if self.version >= 2 {
+            chunk_checksum(kind, &self.payload)
+        } else {
+            crc32fast::hash(&self.payload)
+        };
+        if expected != crc {
+            return Err(self.corrupt(at, "checksum mismatch"));
+        }
+        Ok(Some((at, kind)))
+    }
+
+
+    /// The next chunk as it is in the file, its checksum checked: its kind and payload.
+    /// `Ok(None)` at the end of the file or at a chunk cut short (then
+    /// [`TraceReader::truncated`] is true).
+    pub fn next_verbatim(&mut self) -> Result<Option<(u32, &[u8])>, FormatError> {
+        while !self.done {
+            match self.read_payload() {
+                Ok(Some((_, SKIPPED))) | Ok(None) => {}
+                Ok(Some((_, kind))) => {
+                    self.seen_end |= kind == KIND_END;
+                    return Ok(Some((kind, &self.payload)));
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(None)
     }
 
     fn decode_counts(&mut self, at: u64) -> Result<CountsSegment, FormatError> {
@@ -1037,6 +1210,12 @@ impl TraceReader {
             }
         }
         Ok(seg)
+    }
+
+    fn decode_raw(&mut self, at: u64) -> Result<ThreadSegment, FormatError> {
+        let (head, slots) = raw_parts(&self.payload).ok_or_else(|| self.corrupt(at, "RAW chunk's length does not match its slot count"))?;
+        let (records, data) = split_data(&slots);
+        Ok(ThreadSegment { records, data, ..head })
     }
 
     fn decode_call_data(&mut self, at: u64) -> Result<((u32, u32, u64), CallData), FormatError> {

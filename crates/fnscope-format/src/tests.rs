@@ -185,12 +185,12 @@ fn refuses_other_files_and_versions() {
     let dir = tmpdir("refuse");
     let (path, _) = write_sample(&dir);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
     assert_eq!(
         e,
-        "trace format version 3 is newer than this fnscope (supports 2): upgrade fnscope"
+        "trace format version 4 is newer than this fnscope (supports 3): upgrade fnscope"
     );
     std::fs::write(&path, b"hello world, not a trace").unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
@@ -528,4 +528,112 @@ fn damaged_summary_is_reported() {
     }
     let err = read_all(&path).unwrap_err().to_string();
     assert!(err.contains("SUMMARY"), "{err}");
+}
+
+/// The slots of three chunks as the agent writes them: fib records, with two data slots
+/// before every third call's record in the middle one (implied header, three words and rax).
+fn raw_chunks() -> Vec<Vec<Record>> {
+    let tag = 4 << 32 | fnscope_abi::data::TAG_IMPLIED_HEADER | 3 << 40 | 1 << 48;
+    let mut rng = Rng(7);
+    let mut chunks = Vec::new();
+    for seq in 0..3u64 {
+        let (mut clock, mut recs) = (1000 * (seq + 1), Vec::new());
+        fib_records(7, &mut clock, &mut rng, 0, &mut recs);
+        let mut slots = Vec::new();
+        for (k, mut r) in recs.into_iter().enumerate() {
+            if seq == 1 && k % 3 == 0 {
+                r.id_depth |= u64::from(fnscope_abi::REC_FLAG_DATA) << 56;
+                slots.push(Record { t_entry: k as u64, t_exit: u64::MAX - k as u64, id_depth: tag });
+                slots.push(Record { t_entry: 1 << k, t_exit: 42, id_depth: tag });
+            }
+            slots.push(r);
+        }
+        chunks.push(slots);
+    }
+    chunks
+}
+
+/// A trace of [`raw_chunks`], each written RAW when `raw` says so, else split and compressed.
+fn write_chunks(path: &Path, raw: impl Fn(usize) -> bool) -> u64 {
+    let mut w = TraceWriter::create(path).unwrap();
+    w.write_meta(&sample_meta()).unwrap();
+    w.write_image(0, IMAGE).unwrap();
+    for (seq, slots) in raw_chunks().iter().enumerate() {
+        if raw(seq) {
+            w.write_raw_segment(0, 7, 8, seq as u64, 0, 0, slots).unwrap();
+        } else {
+            let (recs, data) = split_data(slots);
+            w.write_segment(0, 7, 8, seq as u64, 0, 0, &recs, &data).unwrap();
+        }
+    }
+    w.write_end(&sample_end()).unwrap();
+    w.flush().unwrap();
+    w.raw_chunks()
+}
+
+fn version_of(path: &Path) -> u32 {
+    let b = std::fs::read(path).unwrap();
+    u32::from_le_bytes(b[8..12].try_into().unwrap())
+}
+
+#[test]
+fn raw_chunks_read_as_their_events_and_compact_to_the_same_bytes() {
+    let dir = tmpdir("raw");
+    let (plain, mixed) = (dir.join("plain.fns"), dir.join("mixed.fns"));
+    assert_eq!(write_chunks(&plain, |_| false), 0);
+    assert_eq!(write_chunks(&mixed, |seq| seq != 2), 2);
+    // Only a file with RAW chunks says so: a version 2 reader would skip them.
+    assert_eq!(version_of(&plain), VERSION_WITHOUT_RAW);
+    assert_eq!(version_of(&mixed), FORMAT_VERSION);
+    let (want, _) = read_all(&plain).unwrap();
+    let (got, truncated) = read_all(&mixed).unwrap();
+    assert!(!truncated);
+    assert_eq!(got, want);
+    match &got[3] {
+        Chunk::Events(s) => assert_eq!(s.data.len(), 14),
+        c => panic!("unexpected {c:?}"),
+    }
+    let mut seen = 0;
+    let c = compact(&mixed, |done, total| {
+        assert!(done <= total);
+        seen = done;
+    })
+    .unwrap();
+    assert_eq!(c.raw_chunks, 2);
+    assert_eq!(seen, c.bytes_before);
+    assert!(c.bytes_after < c.bytes_before);
+    // The same encoder, the same chunks: the file written without RAW chunks, byte for byte.
+    assert_eq!(std::fs::read(&mixed).unwrap(), std::fs::read(&plain).unwrap());
+    assert!(!dir.join("mixed.fns.compacting").exists());
+}
+
+#[test]
+fn raw_chunks_cut_short_or_damaged_are_reported() {
+    let dir = tmpdir("rawcut");
+    let path = dir.join(TRACE_FILE);
+    write_chunks(&path, |_| true);
+    let whole = std::fs::read(&path).unwrap();
+    // A recorder killed in the middle of the last RAW chunk: the chunks before it read.
+    let cut = dir.join("cut.fns");
+    std::fs::write(&cut, &whole[..whole.len() - 300]).unwrap();
+    let (chunks, truncated) = read_all(&cut).unwrap();
+    assert!(truncated);
+    assert_eq!(chunks.iter().filter(|c| matches!(c, Chunk::Events(_))).count(), 2);
+    // A slot count that does not match the length (checksum made right again) is refused.
+    let first = (FILE_HEADER_SIZE as usize..whole.len())
+        .find(|&at| le32(&whole, at) == KIND_RAW && whole[at + 4..at + 8] != [0; 4])
+        .unwrap();
+    let mut bad = whole.clone();
+    let body = first + CHUNK_HEADER_SIZE as usize;
+    let len = le32(&bad, first + 4) as usize;
+    bad[body + 20] ^= 1;
+    let crc = chunk_checksum(KIND_RAW, &bad[body..body + len]);
+    bad[first + 8..first + 12].copy_from_slice(&crc.to_le_bytes());
+    let damaged = dir.join("bad.fns");
+    std::fs::write(&damaged, &bad).unwrap();
+    let err = read_all(&damaged).unwrap_err().to_string();
+    assert!(err.contains("slot count"), "{err}");
+    // Compaction refuses it too, and leaves the file as it was.
+    assert!(compact(&damaged, |_, _| {}).is_err());
+    assert_eq!(std::fs::read(&damaged).unwrap(), bad);
 }
