@@ -601,6 +601,10 @@ struct Recorder {
     split: (Vec<Record>, fnscope_format::CallData),
     /// [`RecordOptions::spill_after`].
     spill_after: usize,
+    /// Whether calls may carry data units (`-A`, `-R`, `--args`, `--inject`): without, no
+    /// chunk has data slots, and none is scanned for them (the scan was a tenth of the
+    /// recorder's time).
+    values: bool,
 }
 
 impl Recorder {
@@ -706,7 +710,7 @@ impl Recorder {
             self.writer.write_raw_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
             self.calls += recs.iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count() as u64;
             self.pids.insert(pid);
-        } else if crate::flight::has_data_slots(recs) {
+        } else if self.values && crate::flight::has_data_slots(recs) {
             // Straight from shared memory too: the data slots are split off as they are read.
             let (calls, data) = &mut self.split;
             fnscope_format::split_data_into(recs, calls, data);
@@ -1081,6 +1085,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         min_ticks,
         split: Default::default(),
         spill_after: opts.spill_after,
+        values: !opts.values.is_empty(),
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
