@@ -72,7 +72,8 @@ enum Command {
         /// When more than CHUNKS full chunks wait for the recorder (the program makes calls
         /// faster than they compress), write them to the trace uncompressed, so that the
         /// program does not wait; they are compressed when the program has ended. 0 writes
-        /// every chunk uncompressed first; a large number never does.
+        /// every chunk uncompressed first; a large number never does. Not used by --flight,
+        /// which copies every chunk
         #[arg(long, value_name = "CHUNKS", default_value_t = 4)]
         spill_after: usize,
         #[command(flatten)]
