@@ -739,8 +739,8 @@ impl Recorder {
     ///
     /// When more than `spill_after` chunks wait, the program is filling them faster than the
     /// recorder compresses them, and would soon wait for free ones: unless `!spill` (the
-    /// program is done), the oldest go to the trace uncompressed until `spill_after` are
-    /// left, which are compressed as usual.
+    /// program is done), the first ones of the pass (each thread's in stream order) go to the
+    /// trace uncompressed until `spill_after` are left, which are compressed as usual.
     fn drain(&mut self, spill: bool) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
@@ -1035,6 +1035,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     }
     if !opts.values.is_empty() {
         cmd.env(fnscope_abi::ENV_ARGS, &opts.values);
+    } else {
+        // The recorder then looks for no data slots: none may come from an inherited setting.
+        cmd.env_remove(fnscope_abi::ENV_ARGS);
     }
     if !f.filter.is_empty() {
         cmd.env(fnscope_abi::ENV_FILTER, f.filter.join("\n"));
@@ -1204,9 +1207,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 bytes = c.bytes_after;
                 if opts.verbose {
                     eprintln!(
-                        "fnscope: {raw} chunks written uncompressed to keep up with the program ({}), compressed after it ended in {:.2} s",
+                        "fnscope: {raw} chunks written uncompressed to keep up with the program, compressed after it ended in {:.2} s (trace {} before, {} after)",
+                        started.elapsed().as_secs_f64(),
                         human_bytes(c.bytes_before),
-                        started.elapsed().as_secs_f64()
+                        human_bytes(c.bytes_after)
                     );
                 }
             }

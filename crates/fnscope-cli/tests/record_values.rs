@@ -327,6 +327,7 @@ fn chunks_written_uncompressed_are_compacted_to_the_same_calls() {
     let dir = TempDir::new("values-spill");
     let exe = build(dir.path());
     let (normal, out) = record(dir.path(), "normal", &SPECS, &exe);
+    let recorded = |stderr: &str| stderr.split(" calls recorded").next().and_then(|s| s.rsplit(' ').next()).map(str::to_string);
     // Every chunk goes to the trace uncompressed while the program runs, as when the
     // recorder falls behind; they are compressed when it has ended.
     let mut opts = SPECS.to_vec();
@@ -338,6 +339,10 @@ fn chunks_written_uncompressed_are_compacted_to_the_same_calls() {
     assert_eq!(r.code, 0, "record failed: {}", clip(&r.stderr));
     assert_eq!(r.stdout, out);
     assert!(r.stderr.contains("written uncompressed to keep up"), "{}", clip(&r.stderr));
+    let info = fnscope_cmd(&["info", "-i", path_str(&normal)]);
+    let normal_calls = info.stdout.lines().find_map(|l| l.strip_prefix("calls recorded:")).map(|s| s.trim().to_string());
+    assert!(normal_calls.is_some(), "{}", info.stdout);
+    assert_eq!(recorded(&r.stderr), normal_calls, "{}", clip(&r.stderr));
     let want = oracle(&out, &["add3", "widths", "slen"]);
     let calls = |t: &Path| replayed_calls(&replay(t, "tree")).into_iter().filter(|c| ["add3(", "widths(", "slen("].iter().any(|p| c.starts_with(p))).collect::<Vec<_>>();
     assert_eq!(calls(&out_dir), want);

@@ -74,10 +74,6 @@ pub fn chunk_checksum(kind: u32, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// What [`TraceReader`] calls a chunk it passed over without reading it (not a kind: kinds
-/// are small numbers).
-const SKIPPED: u32 = u32::MAX;
-
 /// Largest payload a reader accepts; bigger lengths can only come from damage.
 const MAX_PAYLOAD: u32 = 1 << 30;
 /// Size of the fixed part of an EVENTS payload.
@@ -373,8 +369,9 @@ pub struct Compacted {
 
 /// Rewrites the trace file at `path` with every RAW chunk encoded and compressed as the EVENTS
 /// chunk (and CALLDATA chunk) it stands for, every other chunk copied unchanged, in the same
-/// order. The new file replaces the old one only once it is whole: if anything fails, the old
-/// one stays, and it reads the same. `progress` is told the bytes read so far and the size.
+/// order. The new file replaces the old one only once it is whole: if anything fails (a
+/// damaged chunk, a file cut short, an error writing), the old one stays, and it reads the
+/// same. `progress` is told the bytes read so far and the size.
 pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
     let mut reader = TraceReader::open(path)?;
     let path = reader.path().to_path_buf();
@@ -384,10 +381,12 @@ pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compac
     let mut done = Compacted { bytes_before: size, ..Default::default() };
     let (mut calls, mut data) = (Vec::new(), CallData::default());
     let result = (|| {
-        while let Some((kind, payload)) = reader.next_verbatim()? {
+        loop {
+            let at = reader.offset();
+            let Some((kind, payload)) = reader.next_verbatim()? else { break };
             if kind == KIND_RAW {
                 let Some((h, slots)) = raw_parts(payload) else {
-                    return Err(FormatError::Corrupt { path: path.clone(), offset: reader.offset(), what: "RAW chunk's length does not match its slot count".into() });
+                    return Err(FormatError::Corrupt { path: path.clone(), offset: at, what: "RAW chunk's length does not match its slot count".into() });
                 };
                 split_data_into(&slots, &mut calls, &mut data);
                 writer.write_segment(h.image_sid, h.pid, h.tid, h.seq, h.lost, h.flags, &calls, &data)?;
@@ -397,16 +396,18 @@ pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compac
             }
             progress(reader.offset(), size);
         }
+        if reader.truncated() {
+            return Err(FormatError::Corrupt { path: path.clone(), offset: reader.offset(), what: "the file ends inside a chunk or before its END chunk: not compacted".into() });
+        }
         writer.flush()?;
-        Ok(())
+        done.bytes_after = writer.bytes_written();
+        drop(writer);
+        std::fs::rename(&tmp, &path).map_err(io_err("replace", &path))
     })();
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    done.bytes_after = writer.bytes_written();
-    drop(writer);
-    std::fs::rename(&tmp, &path).map_err(io_err("replace", &path))?;
     Ok(done)
 }
 
@@ -1012,10 +1013,9 @@ impl TraceReader {
 
     /// Reads one chunk; `Ok(None)` for a skipped chunk or the end (then `done` is set).
     fn read_one(&mut self) -> Result<Option<Chunk>, FormatError> {
-        let Some((at, kind)) = self.read_payload()? else { return Ok(None) };
+        let Some((at, Some(kind))) = self.read_payload()? else { return Ok(None) };
         let p = &self.payload;
         let chunk = match kind {
-            SKIPPED => return Ok(None),
             KIND_META => {
                 let mm: MergedMeta = serde_json::from_slice(p)
                     .map_err(|e| self.corrupt(at, format!("bad META: {e}")))?;
@@ -1055,9 +1055,9 @@ impl TraceReader {
     }
 
     /// Reads one chunk's header and payload (into `self.payload`) and checks its checksum:
-    /// its offset and kind ([`SKIPPED`] for a chunk passed over unread). `Ok(None)` at the
-    /// end, or at a chunk cut short (then `done` is set).
-    fn read_payload(&mut self) -> Result<Option<(u64, u32)>, FormatError> {
+    /// its offset and kind (`None` for a chunk passed over unread). `Ok(None)` at the end, or
+    /// at a chunk cut short (then `done` is set).
+    fn read_payload(&mut self) -> Result<Option<(u64, Option<u32>)>, FormatError> {
         let at = self.offset;
         let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
         let n = read_full(&mut self.input, &mut head).map_err(io_err("read", &self.path))?;
@@ -1089,7 +1089,7 @@ impl TraceReader {
                 .seek_relative(len as i64)
                 .map_err(io_err("read", &self.path))?;
             self.offset = end;
-            return Ok(Some((at, SKIPPED)));
+            return Ok(Some((at, None)));
         }
         self.payload.clear();
         let got = (&mut self.input)
@@ -1108,7 +1108,7 @@ impl TraceReader {
         if expected != crc {
             return Err(self.corrupt(at, "checksum mismatch"));
         }
-        Ok(Some((at, kind)))
+        Ok(Some((at, Some(kind))))
     }
 
 
@@ -1118,8 +1118,8 @@ impl TraceReader {
     pub fn next_verbatim(&mut self) -> Result<Option<(u32, &[u8])>, FormatError> {
         while !self.done {
             match self.read_payload() {
-                Ok(Some((_, SKIPPED))) | Ok(None) => {}
-                Ok(Some((_, kind))) => {
+                Ok(Some((_, None))) | Ok(None) => {}
+                Ok(Some((_, Some(kind)))) => {
                     self.seen_end |= kind == KIND_END;
                     return Ok(Some((kind, &self.payload)));
                 }

@@ -568,6 +568,7 @@ fn write_chunks(path: &Path, raw: impl Fn(usize) -> bool) -> u64 {
     }
     w.write_end(&sample_end()).unwrap();
     w.flush().unwrap();
+    assert_eq!(w.bytes_written(), std::fs::metadata(path).unwrap().len());
     w.raw_chunks()
 }
 
@@ -636,4 +637,9 @@ fn raw_chunks_cut_short_or_damaged_are_reported() {
     // Compaction refuses it too, and leaves the file as it was.
     assert!(compact(&damaged, |_, _| {}).is_err());
     assert_eq!(std::fs::read(&damaged).unwrap(), bad);
+    assert!(!dir.join("bad.fns.compacting").exists());
+    // And a file cut short: compacting it would quietly drop what follows the cut.
+    let e = compact(&cut, |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("not compacted"), "{e}");
+    assert_eq!(std::fs::read(&cut).unwrap(), &whole[..whole.len() - 300]);
 }
