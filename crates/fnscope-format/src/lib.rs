@@ -67,11 +67,42 @@ pub const KIND_RAW: u32 = 8;
 /// first 8 bytes (kind and length, little-endian) followed by the payload, so that a changed
 /// kind or length is caught like a changed payload.
 pub fn chunk_checksum(kind: u32, payload: &[u8]) -> u32 {
+    u32::from_le_bytes(chunk_head(kind, payload.len() as u32, &[payload])[8..].try_into().expect("4 bytes"))
+}
+
+/// The 12-byte header of a chunk of `kind` whose payload of `len` bytes is `parts` one after
+/// the other (a payload written in pieces is checksummed without being put together).
+fn chunk_head(kind: u32, len: u32, parts: &[&[u8]]) -> [u8; CHUNK_HEADER_SIZE as usize] {
+    let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
+    head[0..4].copy_from_slice(&kind.to_le_bytes());
+    head[4..8].copy_from_slice(&len.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
-    h.update(&kind.to_le_bytes());
-    h.update(&(payload.len() as u32).to_le_bytes());
-    h.update(payload);
-    h.finalize()
+    h.update(&head[..8]);
+    for p in parts {
+        h.update(p);
+    }
+    head[8..12].copy_from_slice(&h.finalize().to_le_bytes());
+    head
+}
+
+/// The fixed header of an EVENTS (or RAW) payload; `nrec` counts records (RAW: slots).
+#[allow(clippy::too_many_arguments)]
+fn events_head(image_sid: u32, pid: u32, tid: u32, seq: u64, nrec: u32, lost: u64, flags: u32) -> [u8; EVENTS_HEADER_SIZE] {
+    let mut e = [0u8; EVENTS_HEADER_SIZE];
+    e[0..4].copy_from_slice(&image_sid.to_le_bytes());
+    e[4..8].copy_from_slice(&pid.to_le_bytes());
+    e[8..12].copy_from_slice(&tid.to_le_bytes());
+    e[12..20].copy_from_slice(&seq.to_le_bytes());
+    e[20..24].copy_from_slice(&nrec.to_le_bytes());
+    e[24..32].copy_from_slice(&lost.to_le_bytes());
+    e[32..36].copy_from_slice(&flags.to_le_bytes());
+    e
+}
+
+/// The segment an EVENTS (or RAW) payload's fixed header describes, without its records
+/// (the caller checked the payload is at least [`EVENTS_HEADER_SIZE`] long).
+fn segment_head(p: &[u8]) -> ThreadSegment {
+    ThreadSegment { image_sid: le32(p, 0), pid: le32(p, 4), tid: le32(p, 8), seq: le64(p, 12), lost: le64(p, 24), flags: le32(p, 32), ..Default::default() }
 }
 
 /// Largest payload a reader accepts; bigger lengths can only come from damage.
@@ -351,7 +382,7 @@ fn raw_parts(p: &[u8]) -> Option<(ThreadSegment, Vec<Record>)> {
     if body.len() != nslots.checked_mul(fnscope_abi::RECORD_SIZE)? {
         return None;
     }
-    let head = ThreadSegment { image_sid: le32(p, 0), pid: le32(p, 4), tid: le32(p, 8), seq: le64(p, 12), lost: le64(p, 24), flags: le32(p, 32), ..Default::default() };
+    let head = segment_head(p);
     let slots = body.chunks_exact(fnscope_abi::RECORD_SIZE).map(|s| Record { t_entry: le64(s, 0), t_exit: le64(s, 8), id_depth: le64(s, 16) }).collect();
     Some((head, slots))
 }
@@ -601,13 +632,7 @@ impl TraceWriter {
             .ok()
             .filter(|&l| l <= MAX_PAYLOAD);
         match len {
-            Some(len) => {
-                let mut head = [0u8; CHUNK_HEADER_SIZE as usize];
-                head[0..4].copy_from_slice(&kind.to_le_bytes());
-                head[4..8].copy_from_slice(&len.to_le_bytes());
-                head[8..12].copy_from_slice(&chunk_checksum(kind, payload).to_le_bytes());
-                self.put(&head).and_then(|_| self.put(payload))
-            }
+            Some(len) => self.put(&chunk_head(kind, len, &[payload])).and_then(|_| self.put(payload)),
             None => Err(FormatError::Io {
                 action: "write",
                 path: self.path.clone(),
@@ -675,13 +700,7 @@ impl TraceWriter {
         events::encode_columns(records, &mut self.columns, &mut self.scratch);
         let p = &mut self.payload;
         p.clear();
-        p.extend_from_slice(&image_sid.to_le_bytes());
-        p.extend_from_slice(&pid.to_le_bytes());
-        p.extend_from_slice(&tid.to_le_bytes());
-        p.extend_from_slice(&seq.to_le_bytes());
-        p.extend_from_slice(&nrec.to_le_bytes());
-        p.extend_from_slice(&lost.to_le_bytes());
-        p.extend_from_slice(&flags.to_le_bytes());
+        p.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
         p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
         // Compress straight behind the header: the cursor makes zstd append to the payload.
         let mut cur = io::Cursor::new(&mut self.payload);
@@ -712,24 +731,9 @@ impl TraceWriter {
         if self.raw_chunks == 0 {
             self.mark_version(FORMAT_VERSION)?;
         }
-        let mut head = [0u8; CHUNK_HEADER_SIZE as usize + EVENTS_HEADER_SIZE];
-        let e = &mut head[CHUNK_HEADER_SIZE as usize..];
-        e[0..4].copy_from_slice(&image_sid.to_le_bytes());
-        e[4..8].copy_from_slice(&pid.to_le_bytes());
-        e[8..12].copy_from_slice(&tid.to_le_bytes());
-        e[12..20].copy_from_slice(&seq.to_le_bytes());
-        e[20..24].copy_from_slice(&nslots.to_le_bytes());
-        e[24..32].copy_from_slice(&lost.to_le_bytes());
-        e[32..36].copy_from_slice(&flags.to_le_bytes());
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&KIND_RAW.to_le_bytes());
-        crc.update(&len.to_le_bytes());
-        crc.update(&head[CHUNK_HEADER_SIZE as usize..]);
-        crc.update(body);
-        head[0..4].copy_from_slice(&KIND_RAW.to_le_bytes());
-        head[4..8].copy_from_slice(&len.to_le_bytes());
-        head[8..12].copy_from_slice(&crc.finalize().to_le_bytes());
-        self.put(&head)?;
+        let events = events_head(image_sid, pid, tid, seq, nslots, lost, flags);
+        self.put(&chunk_head(KIND_RAW, len, &[&events, body]))?;
+        self.put(&events)?;
         // Straight from shared memory to the file: through the buffer it would be one more copy.
         self.out.flush().map_err(io_err("write", &self.path))?;
         self.out.get_mut().write_all(body).map_err(io_err("write", &self.path))?;
@@ -1177,16 +1181,7 @@ impl TraceReader {
         if p.len() < EVENTS_HEADER_SIZE {
             return Err(self.corrupt(at, "EVENTS chunk shorter than its header"));
         }
-        let mut seg = ThreadSegment {
-            image_sid: le32(p, 0),
-            pid: le32(p, 4),
-            tid: le32(p, 8),
-            seq: le64(p, 12),
-            lost: le64(p, 24),
-            flags: le32(p, 32),
-            records: Vec::new(),
-            data: CallData::default(),
-        };
+        let mut seg = segment_head(p);
         let nrec = le32(p, 20);
         let frame = &p[EVENTS_HEADER_SIZE..];
         let bound = events::decoded_bound(nrec);

@@ -583,7 +583,7 @@ fn raw_chunks_read_as_their_events_and_compact_to_the_same_bytes() {
     let (plain, mixed) = (dir.join("plain.fns"), dir.join("mixed.fns"));
     assert_eq!(write_chunks(&plain, |_| false), 0);
     assert_eq!(write_chunks(&mixed, |seq| seq != 2), 2);
-    // Only a file with RAW chunks says so: a version 2 reader would skip them.
+    // The header says 3 only when the file holds RAW chunks (a version 2 reader would skip them).
     assert_eq!(version_of(&plain), VERSION_WITHOUT_RAW);
     assert_eq!(version_of(&mixed), FORMAT_VERSION);
     let (want, _) = read_all(&plain).unwrap();
