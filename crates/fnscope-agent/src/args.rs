@@ -16,7 +16,6 @@ use crate::thread::{ShadowEntry, ThreadState};
 use crate::{stubs, sys};
 use core::sync::atomic::{AtomicU64, Ordering};
 use fnscope_abi::data::{self, LAYOUT_INT_REGS, LAYOUT_SPEC};
-use fnscope_abi::RECORD_SIZE;
 use fnscope_symbols::argspec::{self, ArgSpec, Capture, InjectAction, InjectRule, Loc, RetSpec, When, STRING_BOUND};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -49,14 +48,9 @@ pub struct Desc {
     /// When the exit stub writes the unit itself: 1 + its number of return words (0, or 1
     /// for rax); 0 sends the exit to [`fnscope_args_exit`].
     pub fast_ret: u64,
-    /// When both stubs take their fast paths: the tag of the unit's data slots, with its
-    /// header implied ([`data::TAG_IMPLIED_HEADER`]); 0 otherwise. The exit stub then finds
-    /// everything it needs here, without reading the frame's header.
-    pub fast_tag: u64,
-    /// With `fast_tag`: the entry words (rdi.. in the frame), after which rax goes.
-    pub fast_entry_words: u64,
-    /// With `fast_tag`: bytes the exit reserves in the chunk, data slots and record.
-    pub fast_bytes: u64,
+    /// When both stubs take their fast paths without reading this descriptor: the unit's
+    /// code ([`fast_unit_code`], never 0); 0 otherwise.
+    fast_unit: u64,
     entry: Vec<Capture>,
     ret: Vec<Capture>,
     rules: Vec<u16>,
@@ -272,34 +266,63 @@ fn desc(mut args: ArgSpec, ret: Option<RetSpec>, rules: Vec<u16>) -> Desc {
         [Capture::Word(Loc::Rax)] => 2,
         _ => 0,
     };
-    let (fast_tag, fast_entry_words, fast_bytes) = match (int_regs, fast_ret) {
-        (Some(k), 1 | 2) if fast_header != 0 && k + fast_ret - 1 > 0 => {
-            let r = fast_ret - 1;
-            let words = k + r;
-            let tag = data::tag(words) | data::TAG_IMPLIED_HEADER | k << 40 | r << 48;
-            (tag, k, (words.div_ceil(2) + 1) * RECORD_SIZE as u64)
-        }
-        _ => (0, 0, 0),
+    let fast_unit = match (int_regs, fast_ret) {
+        (Some(k), 1 | 2) if fast_header != 0 && k + fast_ret - 1 > 0 => fast_unit_code(k, fast_ret - 1),
+        _ => 0,
     };
     let ret_text = ret.map_or("-".to_string(), |r| r.to_string());
     let rules_text = if rules.is_empty() { "-".to_string() } else { rules.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",") };
     let line = format!("{args}\t{ret_text}\t{rules_text}");
-    Desc { fast_header, fast_ret, fast_tag, fast_entry_words, fast_bytes, entry, ret: ret_caps, rules, line }
+    Desc { fast_header, fast_ret, fast_unit, entry, ret: ret_caps, rules, line }
+}
+
+/// Code of the unit of `k` integer-register arguments and `r` return words (rax): `k | r << 3`,
+/// never 0 since `k + r > 0`. The exit stub has one writer of the unit for each code.
+const fn fast_unit_code(k: u64, r: u64) -> u64 {
+    k | r << 3
+}
+
+/// The 16 bits an args slot carries ([`crate::stubs::SLOT_UNIT_OFFSET`]), which the entry stub
+/// puts in bits 32-47 of the shadow entry's id word: [`ARGS_ENTRY`] and, from bit 33 on, the
+/// fast unit code (0: none).
+pub fn slot_unit(fast_unit: u64) -> u16 {
+    (fast_unit << 1 | 1) as u16
+}
+
+/// The fast unit code of a shadow entry's id word (0: none).
+fn fast_unit(id: u64) -> u64 {
+    id >> 33
+}
+
+/// The header of a call's frame: implied by its fast unit (the entry stub then copied the
+/// registers without writing one), else the frame's first word.
+///
+/// # Safety
+/// `frame` must be the frame of the shadow entry whose id word is `id`.
+unsafe fn frame_head(id: u64, frame: *const u64) -> u64 {
+    match fast_unit(id) {
+        0 => {
+            // SAFETY: per the caller's guarantee.
+            unsafe { *frame }
+        }
+        u => data::header(u & 7, 0, LAYOUT_INT_REGS, 0, 0),
+    }
 }
 
 /// Registers the descriptor of function `id` (before its jump is written) and returns its
-/// image-table line; `None` when the id is beyond the descriptor table (the function is then
-/// traced with the plain stubs).
-pub fn register(id: u32, d: Desc) -> Option<String> {
+/// image-table line and the args bits of its slot ([`slot_unit`]); `None` when the id is
+/// beyond the descriptor table (the function is then traced with the plain stubs).
+pub fn register(id: u32, d: Desc) -> Option<(String, u16)> {
     let t = DESCS.load(Ordering::Acquire);
     if t == 0 || id as usize >= MAX_IDS {
         return None;
     }
     let line = format!("args\t{id}\t{}\n", d.line);
+    let unit = slot_unit(d.fast_unit);
     let d = Box::into_raw(Box::new(d));
     // SAFETY: inside the table; written once, before any call can reach the id's slot.
     unsafe { *((t as *mut u64).add(id as usize)) = d as u64 };
-    Some(line)
+    Some((line, unit))
 }
 
 fn desc_of(id: u32) -> Option<&'static Desc> {
@@ -655,7 +678,7 @@ extern "C" fn fnscope_args_exit(st: *mut ThreadState, entry: u64, t_exit: u64, g
             return;
         };
         let mut words = [0u64; FRAME_WORDS];
-        let head = *frame;
+        let head = frame_head(e.id, frame);
         let n_entry = ((head & data::ENTRY_WORDS_MASK) as usize).min(FRAME_WORDS - 1);
         words[..1 + n_entry].copy_from_slice(core::slice::from_raw_parts(frame, 1 + n_entry));
         let n_ret = capture_ret(d, &r, &mut words[1 + n_entry..]);
@@ -688,7 +711,7 @@ pub unsafe fn entry_unit(st: *const ThreadState, entry: u64, out: &mut [u64; FRA
             return 0;
         }
         let Some(frame) = frame_of(st, entry) else { return 0 };
-        let head = *frame;
+        let head = frame_head(e.id, frame);
         let n = ((head & data::ENTRY_WORDS_MASK) as usize).min(FRAME_WORDS - 1);
         out[..1 + n].copy_from_slice(core::slice::from_raw_parts(frame, 1 + n));
         out[0] = head & !(0xffff << data::RET_SHIFT);

@@ -1,6 +1,6 @@
 //! Start-up: find the modules to trace, decide what to hook, build trampolines, patch.
 
-use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
+use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET, SLOT_UNIT_OFFSET};
 use fnscope_abi::skip_reason;
 use fnscope_x86::{Hook, HookForm, ReturnAddress, Stage, Verdict};
 use std::fmt::Write as _;
@@ -482,14 +482,15 @@ fn build_slots(
             // Functions with values to record or injections have a stub of their own.
             SlotKind::Trace => {
                 let desc = if descs.is_empty() { None } else { descs.remove(&p.index) };
-                let header = match desc.and_then(|d| crate::args::register(id, d)) {
-                    Some(line) => {
+                let (header, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
+                    Some((line, unit)) => {
                         args_lines.push_str(&line);
-                        area.base + 16
+                        (area.base + 16, unit)
                     }
-                    None => area.base,
+                    None => (area.base, 0),
                 };
                 mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, header, id));
+                mem[SLOT_UNIT_OFFSET..SLOT_ID_OFFSET].copy_from_slice(&unit.to_le_bytes());
             }
             SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, id)),
             SlotKind::Count => mem[..COUNT_CODE_OFFSET].copy_from_slice(&count_head(slot, area.base, id)),

@@ -6,6 +6,7 @@
 //! slot+0   mov [rsp-8], r11              ; the program's r11 (GCC's -fipa-ra may keep it live)
 //! slot+5   lea r11, [rip + slot+24]      ; address of the relocated original prologue
 //! slot+12  jmp qword ptr [rip + entry]   ; absolute address of the stub, in the area's header
+//! slot+18  u16 args bits                ; slots of fnscope_entry_args only (args::slot_unit)
 //! slot+20  u32 function id
 //! slot+24  relocated prologue, then jmp back into the function
 //! ```
@@ -38,7 +39,10 @@
 
 use core::arch::global_asm;
 
-/// Offset of the function id within a slot, and of the relocated prologue.
+/// Offset of the args bits (`crate::args::slot_unit`) in a slot that jumps to
+/// `fnscope_entry_args`.
+pub const SLOT_UNIT_OFFSET: usize = 18;
+/// Offset of the function id within a slot.
 pub const SLOT_ID_OFFSET: usize = 20;
 /// Offset of the relocated prologue within a slot.
 pub const SLOT_CODE_OFFSET: usize = 24;
@@ -304,9 +308,28 @@ fnscope_exit:
        The same protocol as fnscope_entry/fnscope_exit; in addition the entry copies the
        call's values into its frame of the thread's args stack (frame = args_base + 16 x the
        entry's offset in the shadow stack = (entry << 4) + args_delta), and the exit writes
-       the frame's data unit into data slots before the record. The descriptor of function
-       id is args::DESCS[id]; its first five words are read here (fast_header, fast_ret,
-       fast_tag, fast_entry_words, fast_bytes). */
+       the frame's data unit into data slots before the record. The slot's args bits go into
+       bits 32-47 of the shadow entry's id word: ARGS_ENTRY, then the fast unit code u of a
+       call with k integer-register arguments and r (0, 1) return words, u = k | r << 3. Such
+       a call reads nothing else: the entry copies rdi.. into the frame (without a header:
+       u implies it), and the exit jumps to the writer of its unit, .Lxa_unit_k_r. The others
+       (u = 0) read their descriptor, args::DESCS[id], whose first two words are read here
+       (fast_header, fast_ret). */
+
+    /* The record of a call with a data unit at [at]: rax = exit time, rcx = its shadow
+       entry (clobbered), rdx = thread state. */
+    .macro DATA_RECORD at
+    mov qword ptr [\at + 8], rax
+    mov rax, qword ptr [rcx + 8]
+    mov qword ptr [\at], rax
+    mov rax, rcx
+    sub rax, qword ptr [rdx + 32]
+    shl rax, 27
+    mov ecx, dword ptr [rcx + 16]
+    lea rax, [rax + rcx + 1]
+    bts rax, {data_bit}
+    mov qword ptr [\at + 16], rax
+    .endm
 
     .globl fnscope_entry_args
     .hidden fnscope_entry_args
@@ -333,34 +356,34 @@ fnscope_entry_args:
     jbe .Lea_check
 .Lea_store:
     mov qword ptr [rcx + 8], rax
-    mov eax, dword ptr [r11 - 4]
-    bts rax, 32
+    /* The id word: the slot's id and args bits. r11 (the prologue) is saved at [rsp-40]:
+       free from here on. */
+    movzx eax, word ptr [r11 - 6]
+    mov r11d, dword ptr [r11 - 4]
+    shl rax, 32
+    or rax, r11
     mov qword ptr [rcx + 16], rax
     mov qword ptr [rcx + 24], rsp
-    mov rax, qword ptr [rsp]
-    mov qword ptr [rcx], rax
-    /* r11 (the prologue) is saved at [rsp-40]: free from here on. */
-    mov eax, dword ptr [rcx + 16]
-    mov r11, qword ptr [rip + {descs}]
-    mov r11, qword ptr [r11 + rax * 8]
-    mov r11, qword ptr [r11]
-    /* rax = this entry's frame, or 0 past the args stack. */
+    mov r11, qword ptr [rsp]
+    mov qword ptr [rcx], r11
+    /* rax = the fast unit code, r11 = this entry's frame. */
+    shr rax, 33
     cmp rcx, qword ptr [rdx + {args_limit}]
     jae .Lea_noframe
-    mov rax, rcx
-    shl rax, 4
-    add rax, qword ptr [rdx + {args_delta}]
-    test r11, r11
-    jz .Lea_slow
-    mov qword ptr [rax], r11
-    mov qword ptr [rax + 8], rdi
-    mov qword ptr [rax + 16], rsi
-    mov r11, [rsp - 24]
-    mov qword ptr [rax + 24], r11
-    mov r11, [rsp - 32]
-    mov qword ptr [rax + 32], r11
-    mov qword ptr [rax + 40], r8
-    mov qword ptr [rax + 48], r9
+    mov r11, rcx
+    shl r11, 4
+    add r11, qword ptr [rdx + {args_delta}]
+    test rax, rax
+    jz .Lea_desc
+.Lea_regs:
+    mov qword ptr [r11 + 8], rdi
+    mov qword ptr [r11 + 16], rsi
+    mov rax, [rsp - 24]
+    mov qword ptr [r11 + 24], rax
+    mov rax, [rsp - 32]
+    mov qword ptr [r11 + 32], rax
+    mov qword ptr [r11 + 40], r8
+    mov qword ptr [r11 + 48], r9
 .Lea_call:
     mov rcx, [rsp - 32]
     mov rdx, [rsp - 24]
@@ -394,26 +417,19 @@ fnscope_exit_args:
     sub rsi, qword ptr [rcx + 8]
     cmp rsi, qword ptr [rip + {min_ticks}]
     jb .Lxa_pop
-    /* rdi = frame (or the slow path when there is none), r11 = descriptor. */
+    /* rdi = frame (or the slow path when there is none); a fast unit goes to its writer. */
     cmp rcx, qword ptr [rdx + {args_limit}]
     jae .Lxa_slow
     mov rdi, rcx
     shl rdi, 4
     add rdi, qword ptr [rdx + {args_delta}]
-    mov r11d, dword ptr [rcx + 16]
-    mov rsi, qword ptr [rip + {descs}]
-    mov r11, qword ptr [rsi + r11 * 8]
-    mov rsi, qword ptr [r11 + 16]
-    test rsi, rsi
-    jz .Lxa_explicit
-    /* Fast (the entry stub wrote the frame): the unit is the entry words, then rax; its
-       header is implied by the tag (TAG_IMPLIED_HEADER), and the descriptor has the rest. */
-    mov [rsp - 56], rax
-    mov [rsp - 64], rsi
-    mov rax, qword ptr [r11 + 24]
-    mov rsi, [rsp - 8]
-    mov qword ptr [rdi + rax * 8 + 8], rsi
-    mov r11, qword ptr [r11 + 32]
+    mov r11, qword ptr [rcx + 16]
+    shr r11, 33
+    jz .Lxa_desc
+    lea rsi, [rip + .Lxa_units]
+    movsxd r11, dword ptr [rsi + r11 * 4]
+    add r11, rsi
+    jmp r11
 .Lxa_reserve:
     /* r11 = bytes of the data slots and the record; their words from rdi + 8 on; the exit
        time at [rsp-56], the slots' tag at [rsp-64]. */
@@ -424,17 +440,8 @@ fnscope_exit_args:
     ja .Lxa_full
     /* The record last, then the data slots before it (a reader of a live chunk stops at
        the first slot not yet written, whatever the order). */
-    mov rax, qword ptr [rcx + 8]
-    mov qword ptr [r11 - 24], rax
     mov rax, [rsp - 56]
-    mov qword ptr [r11 - 16], rax
-    mov rax, rcx
-    sub rax, qword ptr [rdx + 32]
-    shl rax, 27
-    mov ecx, dword ptr [rcx + 16]
-    lea rax, [rax + rcx + 1]
-    bts rax, {data_bit}
-    mov qword ptr [r11 - 8], rax
+    DATA_RECORD r11-24
     mov rcx, [rsp - 64]
     sub r11, 24
     /* Two words and the tag a slot; a unit of an odd count pads its last slot. */
@@ -449,9 +456,14 @@ fnscope_exit_args:
     cmp rsi, r11
     jb .Lxa_slot
     jmp .Lxa_pop
-.Lxa_explicit:
-    /* The entry went to Rust (strings, stack arguments, ...) and wrote the frame's header;
-       the exit copies it with rax when fast_ret says it may: rsi = return words (0, 1). */
+.Lxa_desc:
+    /* The frame's header was written by the entry (by Rust for strings, stack arguments,
+       ...); the exit copies it with rax when fast_ret says it may: rsi = return words (0,
+       1). The reservation below wants r11 = bytes, the words from rdi + 8 on, the exit time
+       at [rsp-56] and the slots' tag at [rsp-64]. */
+    mov r11d, dword ptr [rcx + 16]
+    mov rsi, qword ptr [rip + {descs}]
+    mov r11, qword ptr [rsi + r11 * 8]
     mov rsi, qword ptr [r11 + 8]
     sub rsi, 1
     jb .Lxa_slow
@@ -510,10 +522,86 @@ fnscope_exit_args:
     RESTORE_ALL
     jz .Lxa_retry
     jmp .Lxa_leave
+.Lxa_unit_full:
+    mov [rsp - 56], rax
+    jmp .Lxa_full
+
+    /* Word i of a fast unit of k entry words: rdi = frame, rsi = first data slot, rcx =
+       their tag. Slot j holds words 2j and 2j + 1; a unit of an odd count leaves the second
+       word of its last slot as the recorder left the chunk (zero). */
+    .macro UNIT_WORD i, k
+    .if \i < \k
+    mov rax, qword ptr [rdi + 8 + 8 * \i]
+    .else
+    mov rax, [rsp - 8]
+    .endif
+    mov qword ptr [rsi + 24 * (\i >> 1) + 8 * (\i & 1)], rax
+    .if (\i & 1) == 0
+    mov qword ptr [rsi + 24 * (\i >> 1) + 16], rcx
+    .endif
+    .endm
+
+    /* The writer of the unit of k entry words and r return words: data slots and record in
+       one reservation (as at .Lxa_reserve), with the tag, the size and the words' places
+       known here. rax = exit time, rcx = entry, rdx = state, rdi = frame. */
+    .macro UNIT_WRITER k, r
+.Lxa_unit_\k\()_\r:
+    mov esi, ((\k + \r + 1) / 2 + 1) * 24
+    xadd qword ptr [rdx + 16], rsi
+    lea r11, [rsi + ((\k + \r + 1) / 2 + 1) * 24]
+    cmp r11, qword ptr [rdx + 24]
+    ja .Lxa_unit_full
+    DATA_RECORD rsi+((\k+\r+1)/2)*24
+    movabs rcx, (1 << {implied_bit}) | ((\k + \r) << 32) | (\k << 40) | (\r << 48)
+    .irp i, 0, 1, 2, 3, 4, 5, 6
+    .if \i < \k + \r
+    UNIT_WORD \i, \k
+    .endif
+    .endr
+    jmp .Lxa_pop
+    .endm
+
+    .irp k, 0, 1, 2, 3, 4, 5, 6
+    .irp r, 0, 1
+    .if \k + \r > 0
+    UNIT_WRITER \k, \r
+    .endif
+    .endr
+    .endr
+
+    /* By fast unit code: its writer's offset from here (codes 0 and 7 never occur). */
+    .p2align 2
+.Lxa_units:
+    .long .Lxa_desc - .Lxa_units
+    .irp k, 1, 2, 3, 4, 5, 6
+    .long .Lxa_unit_\k\()_0 - .Lxa_units
+    .endr
+    .long .Lxa_desc - .Lxa_units
+    .irp k, 0, 1, 2, 3, 4, 5, 6
+    .long .Lxa_unit_\k\()_1 - .Lxa_units
+    .endr
 .Lea_noframe:
-    test r11, r11
+    /* Past the args stack: the call runs with no values recorded, unless its entry goes to
+       Rust. */
+    test rax, rax
     jnz .Lea_call
-    xor eax, eax
+    xor r11d, r11d
+.Lea_desc:
+    /* No fast unit: the descriptor's fast_header says whether the entry copies the integer
+       registers itself, under that header; r11 = frame, or 0. */
+    mov eax, dword ptr [rcx + 16]
+    shl rax, 3
+    add rax, qword ptr [rip + {descs}]
+    mov rax, qword ptr [rax]
+    mov rax, qword ptr [rax]
+    test rax, rax
+    jz .Lea_rust
+    test r11, r11
+    jz .Lea_call
+    mov qword ptr [r11], rax
+    jmp .Lea_regs
+.Lea_rust:
+    mov rax, r11
 .Lea_slow:
     /* rax = frame or 0, rcx = entry, rdx = state. */
     SAVE_ALL
@@ -628,6 +716,7 @@ fnscope_rdtsc:
     args_delta = const core::mem::offset_of!(crate::thread::ThreadState, args_delta),
     data_bit = const 56 + 2,
     descs = sym crate::args::DESCS,
+    implied_bit = const fnscope_abi::data::TAG_IMPLIED_HEADER.trailing_zeros(),
 );
 
 /// `--min-duration` in time-stamp-counter ticks (0: every call is recorded), read by the exit

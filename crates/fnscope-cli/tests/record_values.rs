@@ -351,3 +351,51 @@ fn chunks_written_uncompressed_are_compacted_to_the_same_calls() {
     let bytes = std::fs::read(out_dir.join("trace.fns")).unwrap();
     assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
 }
+
+#[test]
+fn every_count_of_register_arguments_with_and_without_the_return_value() {
+    // The exit stub has one writer for each shape of unit (k integer-register arguments, with
+    // or without rax): a function of each shape prints its own values, the oracle.
+    let dir = TempDir::new("values-shapes");
+    let mut src = String::from("#include <stdio.h>\n#define F __attribute__((noinline, noipa))\n");
+    let mut opts: Vec<String> = Vec::new();
+    for k in 0..=6 {
+        let params: Vec<String> = (1..=k).map(|i| format!("long a{i}")).collect();
+        let fmt: Vec<&str> = (1..=k).map(|_| "%ld").collect();
+        let args: Vec<String> = (1..=k).map(|i| format!("a{i}")).collect();
+        let sum = if k == 0 { "-7".to_string() } else { args.join(" * 3 + ") };
+        let (params, args) = (if k == 0 { "void".to_string() } else { params.join(", ") }, args.join(", "));
+        let comma = if k == 0 { "" } else { ", " };
+        for (name, ret) in [(format!("r{k}"), true), (format!("n{k}"), false)] {
+            src += &format!(
+                "F long {name}({params}) {{ long v = {sum}; printf(\"CALL {name}({}){}\\n\"{comma}{args}{}); return v; }}\n",
+                fmt.join(", "),
+                if ret { " = %ld" } else { "" },
+                if ret { ", v" } else { "" },
+            );
+            let spec: Vec<String> = (1..=k).map(|i| format!("arg{i}/i64")).collect();
+            if k > 0 {
+                opts.extend(["-A".to_string(), format!("{name}@{}", spec.join(","))]);
+            }
+            if ret {
+                opts.extend(["-R".to_string(), format!("{name}@i64")]);
+            }
+        }
+    }
+    src += "int main(void) {\n";
+    for k in 0..=6 {
+        let args: Vec<String> = (1..=k).map(|i| format!("{}L", [-1i64, 1 << 40, -300, 7, i64::MIN + 1, 65535][i - 1])).collect();
+        src += &format!("    r{k}({a}); n{k}({a});\n", a = args.join(", "));
+    }
+    src += "    return 0;\n}\n";
+    let exe = compile_c_text(dir.path(), "shapes", &src);
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let (trace, out) = record(dir.path(), "t", &opts, &exe);
+    // n0 has no values to record.
+    let names: Vec<String> = (0..=6).flat_map(|k| [format!("r{k}"), format!("n{k}")]).filter(|n| n != "n0").collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let want = oracle(&out, &names);
+    assert_eq!(want.len(), 13, "the program printed: {out}");
+    let got: Vec<String> = replayed_calls(&replay(&trace, "tree")).into_iter().filter(|c| names.iter().any(|n| c.starts_with(&format!("{n}(")))).collect();
+    assert_eq!(got, want);
+}
