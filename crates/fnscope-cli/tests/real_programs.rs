@@ -317,7 +317,10 @@ fn python_tests_pass_traced(tag: &str, record_args: &[&str], modules: &[&str]) {
         || Path::new("/usr/lib/python3.11/test").join(format!("{}.py", modules[0])).exists();
     assert!(has_tests, "Python's test suite is not installed: install libpython3.11-testsuite (.ci/run does)");
     let dir = TempDir::new(tag);
-    let mut args = vec!["-m", "test"];
+    // test_signal's stress test counts signals received while handlers are swapped in a
+    // loop, and on a busy two-core machine it fails natively now and then ("0 not greater
+    // than 0"): a verdict that says nothing about fnscope.
+    let mut args = vec!["-m", "test", "-i", "test_stress_modifying_handlers"];
     args.extend_from_slice(modules);
     // The four modules of the libc case take about a minute natively; traced, on a loaded
     // two-core machine, several.
