@@ -270,7 +270,8 @@ fnscope_exit:
     mov rax, rcx
     sub rax, qword ptr [rdx + 32]
     shl rax, 27
-    mov r11, qword ptr [rcx + 16]
+    /* The id alone: an args entry (popped here after a mismatch) has more in its word. */
+    mov r11d, dword ptr [rcx + 16]
     lea rax, [rax + r11 + 1]
     mov qword ptr [rsi + 16], rax
 .Lexit_pop:
@@ -526,17 +527,18 @@ fnscope_exit_args:
     mov [rsp - 56], rax
     jmp .Lxa_full
 
-    /* Word i of a fast unit of k entry words: rdi = frame, rsi = first data slot, rcx =
-       their tag. Slot j holds words 2j and 2j + 1; a unit of an odd count leaves the second
-       word of its last slot as the recorder left the chunk (zero). */
-    .macro UNIT_WORD i, k
+    /* Word i of a fast unit of k entry words and w words in all: rdi = frame, rsi = first
+       data slot, rcx = their tag. Slot j holds words 2j and 2j + 1, and its tag goes last:
+       a reader of a live chunk takes a slot whose tag is written as complete. A unit of an
+       odd count leaves the second word of its last slot as it was (no reader looks at it). */
+    .macro UNIT_WORD i, k, w
     .if \i < \k
     mov rax, qword ptr [rdi + 8 + 8 * \i]
     .else
     mov rax, [rsp - 8]
     .endif
     mov qword ptr [rsi + 24 * (\i >> 1) + 8 * (\i & 1)], rax
-    .if (\i & 1) == 0
+    .if (\i & 1) == 1 || \i == \w - 1
     mov qword ptr [rsi + 24 * (\i >> 1) + 16], rcx
     .endif
     .endm
@@ -555,7 +557,7 @@ fnscope_exit_args:
     movabs rcx, (1 << {implied_bit}) | ((\k + \r) << 32) | (\k << 40) | (\r << 48)
     .irp i, 0, 1, 2, 3, 4, 5, 6
     .if \i < \k + \r
-    UNIT_WORD \i, \k
+    UNIT_WORD \i, \k, \k+\r
     .endif
     .endr
     jmp .Lxa_pop

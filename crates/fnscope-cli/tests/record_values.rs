@@ -384,7 +384,7 @@ fn every_count_of_register_arguments_with_and_without_the_return_value() {
     }
     src += "int main(void) {\n";
     for k in 0..=6 {
-        let args: Vec<String> = (1..=k).map(|i| format!("{}L", [-1i64, 1 << 40, -300, 7, i64::MIN + 1, 65535][i - 1])).collect();
+        let args: Vec<String> = (1..=k).map(|i| format!("{}L", [-1i64, 1 << 40, -300, 7, -(1 << 61), 65535][i - 1])).collect();
         src += &format!("    r{k}({a}); n{k}({a});\n", a = args.join(", "));
     }
     src += "    return 0;\n}\n";
