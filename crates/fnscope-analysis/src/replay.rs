@@ -52,6 +52,8 @@ pub(crate) fn replay_tree_within(
     // the time of a replay.
     let mut line: Vec<u8> = Vec::with_capacity(256);
     let mut dur: Vec<u8> = Vec::with_capacity(16);
+    // `[   tid] `, made again only when the thread changes: trees come a thread at a time.
+    let mut tid_field: (Option<u32>, Vec<u8>) = (None, Vec::with_capacity(16));
     let trace = walk_calls_within(path, &sel, Order::Completed, budget, |cx, ev| {
         let (c, leave) = match ev {
             CallEvent::Enter(c) => (c, false),
@@ -60,12 +62,18 @@ pub(crate) fn replay_tree_within(
         if leave && !c.has_callees {
             return Ok(());
         }
+        if tid_field.0 != Some(c.tid) {
+            let (of, field) = &mut tid_field;
+            *of = Some(c.tid);
+            field.clear();
+            field.push(b'[');
+            dur.clear();
+            push_decimal(&mut dur, u64::from(c.tid));
+            pad_left(field, &dur, 6);
+            field.extend_from_slice(b"] ");
+        }
         line.clear();
-        line.push(b'[');
-        dur.clear();
-        push_decimal(&mut dur, u64::from(c.tid));
-        pad_left(&mut line, &dur, 6);
-        line.extend_from_slice(b"] ");
+        line.extend_from_slice(&tid_field.1);
         dur.clear();
         if !c.has_callees || leave {
             push_duration(&mut dur, cx.clock.duration_ns(c.entry_tsc, c.exit_tsc));
@@ -82,11 +90,17 @@ pub(crate) fn replay_tree_within(
             e => e.as_str(),
         }
         .as_bytes();
-        // Recorded arguments replace the parameter list; a return value follows the call.
-        let call: std::borrow::Cow<'_, str> = match &values {
-            Some(v) if v.has_args => crate::values::call_text(name, &v.args_text()).into(),
-            _ if name.ends_with(')') => name.into(),
-            _ => format!("{name}()").into(),
+        // Recorded arguments replace the parameter list; a return value follows the call. A
+        // name without them gets `()` here rather than through `format!`, which was a fifth
+        // of a replay's time.
+        let push_call = |line: &mut Vec<u8>| match &values {
+            Some(v) if v.has_args => line.extend_from_slice(crate::values::call_text(name, &v.args_text()).as_bytes()),
+            _ => {
+                line.extend_from_slice(name.as_bytes());
+                if !name.ends_with(')') {
+                    line.extend_from_slice(b"()");
+                }
+            }
         };
         let ret = values.as_ref().and_then(|v| v.ret.as_deref());
         let injected = values.as_ref().and_then(|v| v.injection.as_ref());
@@ -104,7 +118,7 @@ pub(crate) fn replay_tree_within(
             }
         };
         if !c.has_callees {
-            line.extend_from_slice(call.as_bytes());
+            push_call(&mut line);
             push_ret(&mut line);
             line.push(b';');
             if !ending.is_empty() {
@@ -114,7 +128,7 @@ pub(crate) fn replay_tree_within(
             }
             push_injected(&mut line);
         } else if !leave {
-            line.extend_from_slice(call.as_bytes());
+            push_call(&mut line);
             line.extend_from_slice(b" {");
             push_injected(&mut line);
         } else {
