@@ -8,7 +8,7 @@ use fnscope_abi::{
 };
 use crate::flight::{Flight, FlightOptions, Segment, Trigger};
 use fnscope_format::{EndInfo, Meta, TraceWriter};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -565,7 +565,9 @@ struct Recorder {
     region: Region,
     writer: TraceWriter,
     dir: PathBuf,
-    images_written: HashSet<u32>,
+    /// Tables copied into the trace, with their functions hooked and skipped as of the last
+    /// copy.
+    images_written: HashMap<u32, (usize, usize)>,
     /// Size and modification time of each image table when it was copied: a table grows when
     /// the program loads a library with `dlopen`, and is then copied again.
     image_stamps: HashMap<u32, (u64, std::time::SystemTime)>,
@@ -573,8 +575,6 @@ struct Recorder {
     /// methods as they are compiled) is copied again at most every [`IMAGE_RECOPY`] while the
     /// program runs, and whole at the end: each copy holds the whole table.
     image_copied: HashMap<u32, Instant>,
-    /// Functions hooked and skipped in each table, as of its last copy.
-    hook_counts: HashMap<u32, (usize, usize)>,
     /// Copy every changed table now (the program is done).
     images_final: bool,
     pids: BTreeSet<u32>,
@@ -647,8 +647,7 @@ impl Recorder {
                 self.image_stamps.insert(sid, stamp);
             }
             self.writer.write_image(sid, &text)?;
-            self.hook_counts.insert(sid, count_hooks(&text));
-            self.images_written.insert(sid);
+            self.images_written.insert(sid, count_hooks(&text));
             self.image_copied.insert(sid, Instant::now());
             if let Some(f) = &mut self.flight {
                 f.image(sid, &text);
@@ -681,7 +680,7 @@ impl Recorder {
             let c = &*self.region.chunk(i);
             (c.image_sid, c.pid, c.tid, c.seq, c.lost, c.flags, c.thread_name)
         };
-        if !self.images_written.contains(&sid) || !self.images_checked {
+        if !self.images_written.contains_key(&sid) || !self.images_checked {
             self.copy_images()?;
             self.images_checked = true;
         }
@@ -775,7 +774,7 @@ impl Recorder {
             return Ok(());
         }
         for ChunkRef { sid, seq, index: i, .. } in self.region.chunks_in(&[CHUNK_OWNED]) {
-            if !self.images_written.contains(&sid) {
+            if !self.images_written.contains_key(&sid) {
                 // The triggers know the functions by name: the table first.
                 self.copy_images()?;
             }
@@ -928,7 +927,7 @@ impl Recorder {
             if closed == 0 {
                 let (seq, recs) = self.region.open_calls(i, now, self.min_ticks);
                 if !recs.is_empty() {
-                    if !self.images_written.contains(&sid) {
+                    if !self.images_written.contains_key(&sid) {
                         self.copy_images()?;
                     }
                     self.store(Segment::new(sid, pid, tid, seq, 0, CHUNK_FLAG_ABANDONED, recs), 0)?;
@@ -1073,10 +1072,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         region,
         writer,
         dir: dir.clone(),
-        images_written: HashSet::new(),
+        images_written: HashMap::new(),
         image_stamps: HashMap::new(),
         image_copied: HashMap::new(),
-        hook_counts: HashMap::new(),
         images_final: false,
         images_checked: false,
         pids: BTreeSet::new(),
@@ -1222,7 +1220,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             Err(e) => eprintln!("fnscope: warning: the trace stays partly uncompressed: {e}"),
         }
     }
-    let (hooked, skipped) = rec.images_written.iter().filter_map(|sid| rec.hook_counts.get(sid)).fold((0, 0), |(h, s), c| (h + c.0, s + c.1));
+    let (hooked, skipped) = rec.images_written.values().fold((0, 0), |(h, s), c| (h + c.0, s + c.1));
     // Tables and counters are in the trace file now; these folders were the agents' mailbox.
     let _ = std::fs::remove_dir_all(dir.join("images"));
     let _ = std::fs::remove_dir_all(dir.join("counts"));
@@ -1339,12 +1337,13 @@ fn copy_counts(dir: &Path, writer: &mut TraceWriter, pids: &mut BTreeSet<u32>) -
 /// `cc1plus --version`.
 fn count_hooks(text: &str) -> (usize, usize) {
     let (mut func, mut unhooked, mut skip) = (0, 0, 0);
-    for line in text.as_bytes().split(|&b| b == b'\n') {
-        match line.first() {
-            Some(b'f') if line.starts_with(b"func\t") => func += 1,
-            Some(b'u') if line.starts_with(b"unhooked\t") => unhooked += 1,
-            Some(b's') if line.starts_with(b"skip\t") => skip += 1,
-            _ => {}
+    for line in text.lines() {
+        if line.starts_with("func\t") {
+            func += 1;
+        } else if line.starts_with("unhooked\t") {
+            unhooked += 1;
+        } else if line.starts_with("skip\t") {
+            skip += 1;
         }
     }
     (func - unhooked.min(func), skip + unhooked)
