@@ -13,6 +13,10 @@ Environment:
   FNSCOPE=PATH      the fnscope binary (default target/release/fnscope)
   UFTRACE=PATH      the uftrace binary (default: uftrace on PATH, installed when missing)
   PYTHON311=PATH    the Python for the `python` workload (default /usr/bin/python3.11)
+  BENCH_EXTRA=a,b   the measurements after the rounds, for the targets of issues 8 and 11
+                    (default inprocess,startup,views; `none` for none): inprocess.py (11
+                    rounds), startup.py (BENCH_RUNS rounds, cold cache included) and
+                    views.py (report and replay over fib(38), 126 million calls)
 """
 
 import json
@@ -419,6 +423,113 @@ def ensure_uftrace():
     return None
 
 
+EXTRA = ("inprocess", "startup", "views")
+
+
+def extra_wanted():
+    """The measurements BENCH_EXTRA names (see the module comment), checked before the
+    rounds so that a mistake costs no time."""
+    want = os.environ.get("BENCH_EXTRA", ",".join(EXTRA))
+    want = [] if want.strip() == "none" else [x.strip() for x in want.split(",") if x.strip()]
+    unknown = set(want) - set(EXTRA)
+    if unknown:
+        sys.exit("bench: unknown measurement(s) in BENCH_EXTRA: %s (known: %s, or none)" % (
+            ", ".join(sorted(unknown)), ", ".join(EXTRA)))
+    if "views" in want and not os.path.exists("/usr/bin/time"):
+        sys.exit("bench: views.py needs GNU time: apt-get install -y time, or leave views out of "
+                 "BENCH_EXTRA")
+    return want
+
+
+def run_extra(want, fnscope, uftrace, runs):
+    """Runs the measurements `want` names, by the scripts that also run on their own: a dict
+    with `inprocess` (floor: one rdtsc in ns, median over its rounds; got: ns per call per
+    configuration and round), `startup` (rows of startup.measure) and `views` (calls, rows of
+    views.measure), for those that ran."""
+    import inprocess
+    import startup
+    import views
+    out = {}
+    if "inprocess" in want:
+        log("in-process cost per call (inprocess.py, 11 rounds)")
+        floor, got = inprocess.measure(fnscope, 11, uftrace=uftrace)
+        out["inprocess"] = {"floor": floor, "got": got}
+    if "startup" in want:
+        log("start-up (startup.py, %d rounds, cold cache included)" % runs)
+        out["startup"] = startup.measure([fnscope], runs, True)
+    if "views" in want:
+        log("report and replay over fib(38) (views.py)")
+        out["views"] = views.measure(fnscope, 38, 1, ["report", "replay"])
+    return out
+
+
+def targets_8_11(p, extra, m):
+    """Prints the targets of issues 8 and 11 next to what this run measured (`m`: the median
+    of a figure of the main table), each ratio taken to the floor measured in the same run."""
+    ip = extra.get("inprocess")
+    st = {name: t for name, t in extra.get("startup", [])}
+    vw = extra.get("views")
+    if not (ip or st or vw):
+        return
+
+    def med_of(name):
+        v = ip["got"].get(name) if ip else None
+        return statistics.median(v) if v else None
+
+    floor = 2 * ip["floor"] if ip else None
+
+    def to_floor(x):
+        return "—" if x is None or not floor else "%.2f× the floor" % (x / floor)
+
+    p("")
+    p("### Targets (issues 8 and 11)")
+    p("")
+    if ip:
+        p("Floor: two `rdtsc`, %.1f ns, measured in every round of the in-process runs "
+          "(bench/inprocess.py, 11 rounds, medians)." % floor)
+        p("")
+    p("| figure | target | measured |")
+    p("|---|---|---|")
+    timing = med_of("timing")
+    if ip:
+        p("| timing mode, in-process ns/call, fib | ≤ 1.25× the floor | %s ns, %s |" % (
+            fmt_num(timing, "ns"), to_floor(timing)))
+    cpu = m(("fib", "fnscope-time"), "cpu_ns_call")
+    p("| whole-tree CPU per call, fib (program + recorder, main table) | ≤ 2× the floor | %s ns, "
+      "%s |" % (fmt_num(cpu, "ns"), to_floor(cpu)))
+    uf = med_of("uftrace -P .")
+    if uf and timing:
+        p("| vs `uftrace record -P .`, in-process | ≥ 6× cheaper | %.2f× cheaper (%s vs %s ns) |" % (
+            uf / timing, fmt_num(uf, "ns"), fmt_num(timing, "ns")))
+    p("| trace bytes per call, fib / python3.11 | ≤ 1 | %s / %s |" % (
+        fmt_num(m(("fib", "fnscope-time"), "bytes_call"), "b"),
+        fmt_num(m(("python", "fnscope-time"), "bytes_call"), "b")))
+    if st:
+        first, later = st.get("cc1plus, cold cache"), st.get("cc1plus --version")
+        if first and later:
+            p("| `cc1plus --version` traced, first run / later runs | ≤ 400 ms / ≤ 60 ms | %s / %s ms "
+              "(native %s ms) |" % (fmt_num(first[1] * 1e3, "ms"), fmt_num(later[1] * 1e3, "ms"),
+                                   fmt_num(later[0] * 1e3, "ms")))
+        mk = st.get("make -j2")
+        if mk:
+            p("| `make -j2` of a generated 10-file C project, traced / native | ≤ 3× | %.1f× "
+              "(%s vs %s ms) |" % (mk[1] / mk[0], fmt_num(mk[1] * 1e3, "ms"),
+                                  fmt_num(mk[0] * 1e3, "ms")))
+    if vw:
+        calls, rows = vw
+        got = {r[0]: r for r in rows}
+        if "report" in got and "replay" in got:
+            p("| `report` / `replay` over %.0f M calls | ≤ 4 s / ≤ 30 s, both ≤ 100 MB | %.1f s, "
+              "%.0f MB / %.1f s, %.0f MB |" % (calls / 1e6, got["report"][1], got["report"][3],
+                                               got["replay"][1], got["replay"][3]))
+    plain, values, flight = med_of("fib3 timing"), med_of("fib3 -A (3 args) -R"), med_of(
+        "fib3 -A (3 args) -R --flight")
+    if plain and values and flight:
+        p("| issue 11: three integer arguments and the return value recorded, ÷ a plain timed "
+          "call | ≤ 1.3× | %.2f× (%s vs %s ns); with --flight %.2f× |" % (
+              values / plain, fmt_num(values, "ns"), fmt_num(plain, "ns"), flight / plain))
+
+
 def main():
     if len(sys.argv) > 1:
         if sys.argv[1] in ("-h", "--help"):
@@ -430,6 +541,7 @@ def main():
     runs = env_int("BENCH_RUNS", 5)
     timeout = env_int("BENCH_TIMEOUT", 600)
     only = [s.strip() for s in os.environ.get("BENCH_ONLY", "").split(",") if s.strip()]
+    extra_todo = extra_wanted()
 
     fnscope = os.environ.get("FNSCOPE") or os.path.join(ROOT, "target", "release", "fnscope")
     fnscope = os.path.abspath(fnscope)
@@ -574,6 +686,7 @@ def main():
     }
     with open(os.path.join(OUT, "results.json"), "w") as fh:
         json.dump(raw, fh, indent=1, sort_keys=True)
+    extra = run_extra(extra_todo, fnscope, uftrace, runs)
 
     # ----------------------------------------------------------------------------------------
     # Figures per (workload, config), paired with the native run of the same round.
@@ -749,6 +862,7 @@ def main():
           fmt_num(m(("python", "fnscope-time"), "startup_ms"), "ms"),
           info.get(("python", "fnscope-time"), {}).get("hooked", "?"),
           info.get(("python", "fnscope-time"), {}).get("skipped", "?")))
+    targets_8_11(p, extra, m)
     table = "\n".join(lines) + "\n"
     sys.stdout.write(table)
     sys.stdout.flush()
@@ -756,6 +870,9 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "results.md"), "w") as fh:
         fh.write(table)
+    raw["extra"] = extra
+    with open(os.path.join(OUT, "results.json"), "w") as fh:
+        json.dump(raw, fh, indent=1, sort_keys=True)
     log("table written to %s; raw samples in results.json" % os.path.relpath(
         os.path.join(OUT, "results.md"), ROOT))
 

@@ -12,7 +12,9 @@ arguments) timed plainly and with its three arguments and return value recorded 
 alongside; and, when `uftrace` is on PATH, fib under `uftrace record -P .` (dynamic patching of
 the same binary). The configurations are interleaved round by round. Prints the median,
 least and most ns per call of each, and one `rdtsc`'s cost (bench/tools/rdtsc_cost.c): two of
-them per call are the floor of timing mode.
+them per call are the floor of timing mode, measured once per round.
+
+bench/run.sh calls `measure` for its issue 8 and 11 targets.
 """
 import argparse
 import os
@@ -26,6 +28,65 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def measure(fnscope, runs, extra=(), uftrace=None):
+    """Runs every configuration `runs` times, interleaved, and `rdtsc_cost` once per round.
+
+    Returns (the median cost of one `rdtsc` in ns over the rounds, {configuration: [ns per
+    call, one per round]}). `uftrace` (a path, or None) adds fib under `uftrace record -P .`.
+    """
+    tmp = tempfile.mkdtemp(prefix="fnscope-inprocess-")
+    try:
+        wl = os.path.join(ROOT, "bench/workloads")
+        fib = os.path.join(tmp, "fib_timed")
+        subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib, os.path.join(wl, "fib_timed.c")], check=True)
+        fib3 = os.path.join(tmp, "fib3_timed")
+        subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib3, os.path.join(wl, "fib3_timed.c")], check=True)
+        rdtsc = os.path.join(tmp, "rdtsc_cost")
+        subprocess.run(["gcc", "-O2", "-o", rdtsc, os.path.join(ROOT, "bench/tools/rdtsc_cost.c")], check=True)
+        trace = os.path.join(tmp, "trace")
+        values = ["-A", "fib3@arg1/i64,arg2/i32,arg3/i32", "-R", "fib3@i64"]
+        configs = {
+            "native": (fib, None),
+            "timing": (fib, []),
+            "--min-duration 1ns": (fib, ["--min-duration", "1ns"]),
+            "--flight": (fib, ["--flight"]),
+            "fib3 native": (fib3, None),
+            "fib3 timing": (fib3, []),
+            "fib3 -A (3 args) -R": (fib3, values),
+            # The recorder copies chunks instead of compressing them: the stubs' own cost, with
+            # the least of the recorder's work running alongside.
+            "fib3 -A (3 args) -R --flight": (fib3, values + ["--flight"]),
+        }
+        if uftrace:
+            configs["uftrace -P ."] = (fib, "uftrace")
+        got = {k: [] for k in configs}
+        # The floor is measured in every round too: on a shared host one `rdtsc` costs more
+        # when the neighbours are busy, as every timed call does.
+        floors = []
+        for r in range(runs):
+            for name, (prog, opts) in configs.items():
+                if opts == "uftrace":
+                    cmd = [uftrace, "record", "-d", trace + ".uftrace", "--no-libcall", "-P", ".", prog]
+                else:
+                    cmd = [prog] if opts is None else [fnscope, "record", "-o", trace] + opts + list(extra) + ["--", prog]
+                out = subprocess.run(cmd, capture_output=True, text=True).stdout
+                m = re.search(r"ns/call=([0-9.]+)", out)
+                if not m:
+                    sys.exit(f"no ns/call in the output of {' '.join(cmd)}:\n{out}")
+                got[name].append(float(m.group(1)))
+                shutil.rmtree(trace, ignore_errors=True)
+                shutil.rmtree(trace + ".uftrace", ignore_errors=True)
+            out = subprocess.run([rdtsc], capture_output=True, text=True).stdout
+            m = re.search(r"^rdtsc-ns: ([0-9.]+)", out, re.M)
+            if not m:
+                sys.exit(f"no rdtsc-ns in the output of {rdtsc}:\n{out}")
+            floors.append(float(m.group(1)))
+            print(f"in-process round {r + 1}/{runs}", file=sys.stderr)
+        return statistics.median(floors), got
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=11)
@@ -34,47 +95,8 @@ def main():
     fnscope = os.environ.get("FNSCOPE", os.path.join(ROOT, "target/release/fnscope"))
     if "FNSCOPE" not in os.environ:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "fnscope-cli"], cwd=ROOT, check=True)
-    tmp = tempfile.mkdtemp(prefix="fnscope-inprocess-")
-    wl = os.path.join(ROOT, "bench/workloads")
-    fib = os.path.join(tmp, "fib_timed")
-    subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib, os.path.join(wl, "fib_timed.c")], check=True)
-    fib3 = os.path.join(tmp, "fib3_timed")
-    subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib3, os.path.join(wl, "fib3_timed.c")], check=True)
-    rdtsc = os.path.join(tmp, "rdtsc_cost")
-    subprocess.run(["gcc", "-O2", "-o", rdtsc, os.path.join(ROOT, "bench/tools/rdtsc_cost.c")], check=True)
-    trace = os.path.join(tmp, "trace")
-    values = ["-A", "fib3@arg1/i64,arg2/i32,arg3/i32", "-R", "fib3@i64"]
-    configs = {
-        "native": (fib, None),
-        "timing": (fib, []),
-        "--min-duration 1ns": (fib, ["--min-duration", "1ns"]),
-        "--flight": (fib, ["--flight"]),
-        "fib3 native": (fib3, None),
-        "fib3 timing": (fib3, []),
-        "fib3 -A (3 args) -R": (fib3, values),
-        # The recorder copies chunks instead of compressing them: the stubs' own cost, with
-        # the least of the recorder's work running alongside.
-        "fib3 -A (3 args) -R --flight": (fib3, values + ["--flight"]),
-    }
-    uftrace = shutil.which("uftrace")
-    if uftrace:
-        configs["uftrace -P ."] = (fib, "uftrace")
-    got = {k: [] for k in configs}
-    for r in range(args.runs):
-        for name, (prog, opts) in configs.items():
-            if opts == "uftrace":
-                cmd = [uftrace, "record", "-d", trace + ".uftrace", "--no-libcall", "-P", ".", prog]
-            else:
-                cmd = [prog] if opts is None else [fnscope, "record", "-o", trace] + opts + args.extra + ["--", prog]
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout
-            m = re.search(r"ns/call=([0-9.]+)", out)
-            if not m:
-                sys.exit(f"no ns/call in the output of {' '.join(cmd)}:\n{out}")
-            got[name].append(float(m.group(1)))
-        print(f"round {r + 1}/{args.runs}", file=sys.stderr)
-    out = subprocess.run([rdtsc], capture_output=True, text=True).stdout.strip()
-    print(out)
-    rdtsc_ns = float(out.split()[1]) if out.startswith("rdtsc-ns:") else None
+    rdtsc_ns, got = measure(fnscope, args.runs, args.extra, shutil.which("uftrace"))
+    print(f"rdtsc-ns: {rdtsc_ns:.2f} (median over the rounds)")
     print(f"| recording | median ns/call | least | most | vs timing of the same program |")
     print(f"|---|---|---|---|---|")
     for name, v in got.items():
@@ -82,11 +104,9 @@ def main():
         timing = statistics.median(got["fib3 timing" if name.startswith("fib3") else "timing"])
         print(f"| {name} | {med:.2f} | {min(v):.2f} | {max(v):.2f} | {med / timing:.2f}x |")
     timing = statistics.median(got["timing"])
-    if rdtsc_ns:
-        print(f"\ntiming mode: {timing / (2 * rdtsc_ns):.2f}x the floor of two rdtsc ({2 * rdtsc_ns:.2f} ns)")
+    print(f"\ntiming mode: {timing / (2 * rdtsc_ns):.2f}x the floor of two rdtsc ({2 * rdtsc_ns:.2f} ns)")
     if "uftrace -P ." in got:
         print(f"uftrace -P . costs {statistics.median(got['uftrace -P .']) / timing:.2f}x fnscope's timing mode per call")
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Several --fnscope binaries (say, before and after a change) are timed interleave
 native runs. --cold also times the first traced run of `cc1plus --version` with an empty
 analysis cache (a cache folder of its own, under a temporary XDG_CACHE_HOME) and a warm run
 after it.
+
+bench/run.sh calls `measure` for its issue 8 targets.
 """
 
 import argparse
@@ -49,14 +51,12 @@ def timed(cmd, cwd=None, env=None):
     return time.perf_counter() - t
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--fnscope", action="append")
-    ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--cold", action="store_true")
-    a = ap.parse_args()
-    default = os.path.join(os.path.dirname(__file__), "..", "target", "release", "fnscope")
-    binaries = [os.path.abspath(b) for b in (a.fnscope or [default])]
+def measure(binaries, runs, cold):
+    """Times the cases natively and under each fnscope binary, interleaved, `runs` times.
+
+    Returns rows of (case, [native seconds or None, then seconds per binary]), medians;
+    with `cold`, two more rows: `cc1plus --version` with an empty analysis cache, and the run
+    right after it."""
     cc1plus = subprocess.run(["g++", "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
     work = tempfile.mkdtemp(prefix="fnscope-startup-")
     proj = os.path.join(work, "proj")
@@ -73,10 +73,6 @@ def main():
         ("cc1plus --version", [cc1plus, "--version"], None, False),
         ("git --version", ["git", "--version"], None, False),
     ]
-    load = os.getloadavg()
-    print(f"load before: {load[0]:.2f} {load[1]:.2f} (1, 5 min); {os.cpu_count()} cores; {a.runs} runs each, medians")
-    for i, b in enumerate(binaries):
-        print(f"[{i}] {b}")
     rows = []
     try:
         for name, cmd, cwd, needs_clean in cases:
@@ -87,7 +83,7 @@ def main():
                     subprocess.run(clean, check=True, stdout=subprocess.DEVNULL)
                 timed(c, cwd)
             times = [[] for _ in cmds]
-            for _ in range(a.runs):
+            for _ in range(runs):
                 for k, c in enumerate(cmds):
                     if needs_clean:
                         subprocess.run(clean, check=True, stdout=subprocess.DEVNULL)
@@ -95,20 +91,36 @@ def main():
                         shutil.rmtree(out, ignore_errors=True)
                     times[k].append(timed(c, cwd))
             rows.append((name, [statistics.median(t) for t in times]))
-        if a.cold:
+        if cold:
             cache_home = os.path.join(work, "cache")
             env = dict(os.environ, XDG_CACHE_HOME=cache_home)
-            cold = [[] for _ in binaries]
-            warm = [[] for _ in binaries]
-            for _ in range(a.runs):
+            first = [[] for _ in binaries]
+            after = [[] for _ in binaries]
+            for _ in range(runs):
                 for k, b in enumerate(binaries):
                     shutil.rmtree(cache_home, ignore_errors=True)
-                    cold[k].append(timed(traced(b, [cc1plus, "--version"]), env=env))
-                    warm[k].append(timed(traced(b, [cc1plus, "--version"]), env=env))
-            rows.append(("cc1plus, cold cache", [None] + [statistics.median(t) for t in cold]))
-            rows.append(("cc1plus, right after", [None] + [statistics.median(t) for t in warm]))
+                    first[k].append(timed(traced(b, [cc1plus, "--version"]), env=env))
+                    after[k].append(timed(traced(b, [cc1plus, "--version"]), env=env))
+            rows.append(("cc1plus, cold cache", [None] + [statistics.median(t) for t in first]))
+            rows.append(("cc1plus, right after", [None] + [statistics.median(t) for t in after]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fnscope", action="append")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--cold", action="store_true")
+    a = ap.parse_args()
+    default = os.path.join(os.path.dirname(__file__), "..", "target", "release", "fnscope")
+    binaries = [os.path.abspath(b) for b in (a.fnscope or [default])]
+    load = os.getloadavg()
+    print(f"load before: {load[0]:.2f} {load[1]:.2f} (1, 5 min); {os.cpu_count()} cores; {a.runs} runs each, medians")
+    for i, b in enumerate(binaries):
+        print(f"[{i}] {b}")
+    rows = measure(binaries, a.runs, a.cold)
     head = f"{'':24} {'native ms':>10}" + "".join(f" {f'[{i}] ms':>9} {f'[{i}] ×':>7}" for i in range(len(binaries)))
     print(head)
     for name, t in rows:

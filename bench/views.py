@@ -10,6 +10,8 @@ calls in the order they started holds or spills all of them. Outputs go to a tem
 folder on the same disk as the trace (the Perfetto file is about 4 GB); it is removed at the
 end unless --keep names a folder to use instead. Prints a Markdown table next to the
 targets of issues 8 and 9.
+
+bench/run.sh calls `measure` (report and replay) for its issue 8 targets.
 """
 import argparse
 import os
@@ -31,6 +33,53 @@ def timed(cmd, stdout=subprocess.DEVNULL):
     return float(wall), float(user) + float(sys_), int(rss)
 
 
+def measure(fnscope, n, runs, views, keep=None):
+    """Records fib(n) and times each of `views` (names of VIEWS) `runs` times over it.
+
+    Returns (calls recorded, rows of (view, wall s, CPU s, peak MB, output bytes per call or
+    None, target)), medians of wall and CPU time and the most memory. Works in `keep`, or in a
+    temporary folder removed at the end."""
+    tmp = keep or tempfile.mkdtemp(prefix="fnscope-views-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        wl = os.path.join(ROOT, "bench/workloads")
+        fib = os.path.join(tmp, "fib")
+        subprocess.run(["gcc", "-O2", "-fno-inline", "-I", wl, "-o", fib, os.path.join(wl, "fib.c")], check=True)
+        trace = os.path.join(tmp, "trace")
+        shutil.rmtree(trace, ignore_errors=True)
+        r = subprocess.run([fnscope, "record", "-o", trace, "--", fib, str(n)], capture_output=True, text=True, check=True)
+        calls = int(r.stderr.split(" calls recorded")[0].split()[-1])
+        print(f"fib({n}): {calls:,} calls, trace {os.path.getsize(os.path.join(trace, 'trace.fns')) / 2**20:.1f} MiB", file=sys.stderr)
+        rows = []
+        for name in views:
+            cmd, out, target = VIEWS[name](fnscope, trace, tmp)
+            got = []
+            for _ in range(runs):
+                if out and os.path.exists(out):
+                    os.unlink(out)
+                got.append(timed(cmd))
+            size = os.path.getsize(out) / calls if out else None
+            wall = statistics.median(g[0] for g in got)
+            cpu = statistics.median(g[1] for g in got)
+            rss = max(g[2] for g in got) / 1024
+            rows.append((name, wall, cpu, rss, size, target))
+            print(f"{name}: {wall:.2f} s", file=sys.stderr)
+        return calls, rows
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Per view: (command, output file or None, target) given fnscope, the trace and a folder.
+VIEWS = {
+    "report": lambda f, t, d: ([f, "report", "-i", t], None, "≤ 4 s, ≤ 100 MB (issue 8)"),
+    "replay": lambda f, t, d: ([f, "replay", "-i", t], None, "≤ 30 s, ≤ 100 MB (issue 8)"),
+    "export --format perfetto": lambda f, t, d: (
+        [f, "export", "--format", "perfetto", "-i", t, "-o", os.path.join(d, "out.pftrace")],
+        os.path.join(d, "out.pftrace"), "≤ 20 s, ≤ 200 MB (issue 9)"),
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=38)
@@ -42,41 +91,12 @@ def main():
     fnscope = os.environ.get("FNSCOPE", os.path.join(ROOT, "target/release/fnscope"))
     if "FNSCOPE" not in os.environ:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "fnscope-cli"], cwd=ROOT, check=True)
-    tmp = a.keep or tempfile.mkdtemp(prefix="fnscope-views-", dir=os.environ.get("TMPDIR", "/var/tmp"))
-    os.makedirs(tmp, exist_ok=True)
-    wl = os.path.join(ROOT, "bench/workloads")
-    fib = os.path.join(tmp, "fib")
-    subprocess.run(["gcc", "-O2", "-fno-inline", "-I", wl, "-o", fib, os.path.join(wl, "fib.c")], check=True)
-    trace = os.path.join(tmp, "trace")
-    r = subprocess.run([fnscope, "record", "-o", trace, "--", fib, str(a.n)], capture_output=True, text=True, check=True)
-    calls = int(r.stderr.split(" calls recorded")[0].split()[-1])
-    print(f"fib({a.n}): {calls:,} calls, trace {os.path.getsize(os.path.join(trace, 'trace.fns')) / 2**20:.1f} MiB", file=sys.stderr)
-    pf = os.path.join(tmp, "out.pftrace")
-    views = [
-        ("report", [fnscope, "report", "-i", trace], None, "≤ 4 s, ≤ 100 MB (issue 8)"),
-        ("replay", [fnscope, "replay", "-i", trace], None, "≤ 30 s, ≤ 100 MB (issue 8)"),
-        ("export --format perfetto", [fnscope, "export", "--format", "perfetto", "-i", trace, "-o", pf], pf, "≤ 20 s, ≤ 200 MB (issue 9)"),
-    ]
-    rows = []
-    for name, cmd, out, target in views:
-        got = []
-        for _ in range(a.runs):
-            if out and os.path.exists(out):
-                os.unlink(out)
-            got.append(timed(cmd))
-        size = os.path.getsize(out) / calls if out else None
-        wall = statistics.median(g[0] for g in got)
-        cpu = statistics.median(g[1] for g in got)
-        rss = max(g[2] for g in got) / 1024
-        rows.append((name, wall, cpu, rss, size, target))
-        print(f"{name}: {wall:.2f} s", file=sys.stderr)
+    calls, rows = measure(fnscope, a.n, a.runs, list(VIEWS), a.keep)
     print(f"| view ({calls:,} calls, one thread) | wall | CPU | peak memory | output | target |")
     print("|---|---|---|---|---|---|")
     for name, wall, cpu, rss, size, target in rows:
         out = f"{size:.1f} B/call" if size else "—"
         print(f"| `{name}` | {wall:.2f} s | {cpu:.2f} s | {rss:.0f} MB | {out} | {target} |")
-    if not a.keep:
-        shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":
