@@ -445,38 +445,53 @@ def run_extra(want, fnscope, uftrace, runs):
     """Runs the measurements `want` names, by the scripts that also run on their own: a dict
     with `inprocess` (floor: one rdtsc in ns, median over its rounds; got: ns per call per
     configuration and round), `startup` (rows of startup.measure) and `views` (calls, rows of
-    views.measure), for those that ran."""
+    views.measure), for those that ran, and `failed` ({name: why}) for those that did not: a
+    failure there costs its rows of the last table, not the rounds already measured."""
     import inprocess
     import startup
     import views
-    out = {}
-    if "inprocess" in want:
-        log("in-process cost per call (inprocess.py, 11 rounds)")
-        floor, got = inprocess.measure(fnscope, 11, uftrace=uftrace)
-        out["inprocess"] = {"floor": floor, "got": got}
-    if "startup" in want:
-        log("start-up (startup.py, %d rounds, cold cache included)" % runs)
-        out["startup"] = startup.measure([fnscope], runs, True)
-    if "views" in want:
-        log("report and replay over fib(38) (views.py)")
-        out["views"] = views.measure(fnscope, 38, 1, ["report", "replay"])
+
+    def inprocess_run():
+        costs, got = inprocess.measure(fnscope, 11, uftrace=uftrace)
+        return {"floor": costs["rdtsc"], "got": got}
+
+    todo = {
+        "inprocess": ("in-process cost per call (inprocess.py, 11 rounds)", inprocess_run),
+        "startup": ("start-up (startup.py, %d rounds, cold cache included)" % runs,
+                    lambda: startup.measure([fnscope], runs, True)),
+        "views": ("report and replay over fib(38) (views.py)",
+                  lambda: views.measure(fnscope, 38, 1, ["report", "replay"])),
+    }
+    out = {"failed": {}}
+    for name in want:
+        what, measure = todo[name]
+        log(what)
+        try:
+            out[name] = measure()
+        # The scripts end with sys.exit on a run they cannot use.
+        except (Exception, SystemExit) as e:
+            why = "%s: %s" % (type(e).__name__, e)
+            log("%s failed: %s" % (name, why))
+            out["failed"][name] = why
     return out
 
 
-def targets_8_11(p, extra, m):
+def targets_8_11(p, extra, m, rdtsc):
     """Prints the targets of issues 8 and 11 next to what this run measured (`m`: the median
-    of a figure of the main table), each ratio taken to the floor measured in the same run."""
+    of a figure of the main table), each ratio taken to the floor measured in the same run:
+    by the in-process rounds when they ran, else `rdtsc` (the cost measured before the
+    rounds)."""
     ip = extra.get("inprocess")
     st = {name: t for name, t in extra.get("startup", [])}
     vw = extra.get("views")
-    if not (ip or st or vw):
+    if not (ip or st or vw or extra.get("failed")):
         return
 
     def med_of(name):
         v = ip["got"].get(name) if ip else None
         return statistics.median(v) if v else None
 
-    floor = 2 * ip["floor"] if ip else None
+    floor = 2 * ip["floor"] if ip else 2 * rdtsc["rdtsc"] if "rdtsc" in rdtsc else None
 
     def to_floor(x):
         return "—" if x is None or not floor else "%.2f× the floor" % (x / floor)
@@ -486,7 +501,12 @@ def targets_8_11(p, extra, m):
     p("")
     if ip:
         p("Floor: two `rdtsc`, %.1f ns, measured in every round of the in-process runs "
-          "(bench/inprocess.py, 11 rounds, medians)." % floor)
+          "(bench/inprocess.py, 11 rounds, medians); the header's floor was measured once, "
+          "before the rounds." % floor)
+        p("")
+    for name, why in sorted(extra.get("failed", {}).items()):
+        p("- not measured: %s (%s)" % (name, why.replace("\n", " ")[:300]))
+    if extra.get("failed"):
         p("")
     p("| figure | target | measured |")
     p("|---|---|---|")
@@ -686,7 +706,12 @@ def main():
     }
     with open(os.path.join(OUT, "results.json"), "w") as fh:
         json.dump(raw, fh, indent=1, sort_keys=True)
-    extra = run_extra(extra_todo, fnscope, uftrace, runs)
+    # A uftrace that could not trace fib in the rounds is left out of the in-process runs too.
+    usable = uftrace if ("fib", "uftrace-P") not in na else None
+    extra = run_extra(extra_todo, fnscope, usable, runs)
+    raw["extra"] = extra
+    with open(os.path.join(OUT, "results.json"), "w") as fh:
+        json.dump(raw, fh, indent=1, sort_keys=True)
 
     # ----------------------------------------------------------------------------------------
     # Figures per (workload, config), paired with the native run of the same round.
@@ -862,7 +887,7 @@ def main():
           fmt_num(m(("python", "fnscope-time"), "startup_ms"), "ms"),
           info.get(("python", "fnscope-time"), {}).get("hooked", "?"),
           info.get(("python", "fnscope-time"), {}).get("skipped", "?")))
-    targets_8_11(p, extra, m)
+    targets_8_11(p, extra, m, rdtsc)
     table = "\n".join(lines) + "\n"
     sys.stdout.write(table)
     sys.stdout.flush()
@@ -870,9 +895,6 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "results.md"), "w") as fh:
         fh.write(table)
-    raw["extra"] = extra
-    with open(os.path.join(OUT, "results.json"), "w") as fh:
-        json.dump(raw, fh, indent=1, sort_keys=True)
     log("table written to %s; raw samples in results.json" % os.path.relpath(
         os.path.join(OUT, "results.md"), ROOT))
 

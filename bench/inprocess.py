@@ -31,8 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def measure(fnscope, runs, extra=(), uftrace=None):
     """Runs every configuration `runs` times, interleaved, and `rdtsc_cost` once per round.
 
-    Returns (the median cost of one `rdtsc` in ns over the rounds, {configuration: [ns per
-    call, one per round]}). `uftrace` (a path, or None) adds fib under `uftrace record -P .`.
+    Returns ({"rdtsc": ns, "rdtscp": ns, "clock_gettime": ns}, the medians over the rounds of
+    what bench/tools/rdtsc_cost.c prints, and {configuration: [ns per call, one per round]}).
+    `uftrace` (a path, or None) adds fib under `uftrace record -P .`.
     """
     tmp = tempfile.mkdtemp(prefix="fnscope-inprocess-")
     try:
@@ -62,7 +63,7 @@ def measure(fnscope, runs, extra=(), uftrace=None):
         got = {k: [] for k in configs}
         # The floor is measured in every round too: on a shared host one `rdtsc` costs more
         # when the neighbours are busy, as every timed call does.
-        floors = []
+        costs = {}
         for r in range(runs):
             for name, (prog, opts) in configs.items():
                 if opts == "uftrace":
@@ -77,12 +78,12 @@ def measure(fnscope, runs, extra=(), uftrace=None):
                 shutil.rmtree(trace, ignore_errors=True)
                 shutil.rmtree(trace + ".uftrace", ignore_errors=True)
             out = subprocess.run([rdtsc], capture_output=True, text=True).stdout
-            m = re.search(r"^rdtsc-ns: ([0-9.]+)", out, re.M)
-            if not m:
+            for m in re.finditer(r"^([\w_]+)-ns: ([0-9.]+)", out, re.M):
+                costs.setdefault(m.group(1), []).append(float(m.group(2)))
+            if "rdtsc" not in costs:
                 sys.exit(f"no rdtsc-ns in the output of {rdtsc}:\n{out}")
-            floors.append(float(m.group(1)))
             print(f"in-process round {r + 1}/{runs}", file=sys.stderr)
-        return statistics.median(floors), got
+        return {k: statistics.median(v) for k, v in costs.items()}, got
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -95,8 +96,10 @@ def main():
     fnscope = os.environ.get("FNSCOPE", os.path.join(ROOT, "target/release/fnscope"))
     if "FNSCOPE" not in os.environ:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "fnscope-cli"], cwd=ROOT, check=True)
-    rdtsc_ns, got = measure(fnscope, args.runs, args.extra, shutil.which("uftrace"))
-    print(f"rdtsc-ns: {rdtsc_ns:.2f} (median over the rounds)")
+    costs, got = measure(fnscope, args.runs, args.extra, shutil.which("uftrace"))
+    for name, ns in costs.items():
+        print(f"{name}-ns: {ns:.2f} (median over the rounds)")
+    rdtsc_ns = costs["rdtsc"]
     print(f"| recording | median ns/call | least | most | vs timing of the same program |")
     print(f"|---|---|---|---|---|")
     for name, v in got.items():
