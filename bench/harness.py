@@ -443,20 +443,16 @@ def extra_wanted():
 
 def run_extra(want, fnscope, uftrace, runs):
     """Runs the measurements `want` names, by the scripts that also run on their own: a dict
-    with `inprocess` (floor: one rdtsc in ns, median over its rounds; got: ns per call per
-    configuration and round), `startup` (rows of startup.measure) and `views` (calls, rows of
+    with `inprocess` (costs: one rdtsc, rdtscp and clock_gettime in ns, medians over its
+    rounds; got: ns per call per configuration and round), `startup` (rows of startup.measure) and `views` (calls, rows of
     views.measure), for those that ran, and `failed` ({name: why}) for those that did not: a
     failure there costs its rows of the last table, not the rounds already measured."""
     import inprocess
     import startup
     import views
-
-    def inprocess_run():
-        costs, got = inprocess.measure(fnscope, 11, uftrace=uftrace)
-        return {"floor": costs["rdtsc"], "got": got}
-
     todo = {
-        "inprocess": ("in-process cost per call (inprocess.py, 11 rounds)", inprocess_run),
+        "inprocess": ("in-process cost per call (inprocess.py, 11 rounds)",
+                      lambda: dict(zip(("costs", "got"), inprocess.measure(fnscope, 11, uftrace=uftrace)))),
         "startup": ("start-up (startup.py, %d rounds, cold cache included)" % runs,
                     lambda: startup.measure([fnscope], runs, True)),
         "views": ("report and replay over fib(38) (views.py)",
@@ -482,16 +478,17 @@ def targets_8_11(p, extra, m, rdtsc):
     by the in-process rounds when they ran, else `rdtsc` (the cost measured before the
     rounds)."""
     ip = extra.get("inprocess")
-    st = {name: t for name, t in extra.get("startup", [])}
+    st = dict(extra.get("startup", []))
     vw = extra.get("views")
-    if not (ip or st or vw or extra.get("failed")):
+    failed = extra.get("failed", {})
+    if not (ip or st or vw or failed):
         return
 
     def med_of(name):
         v = ip["got"].get(name) if ip else None
         return statistics.median(v) if v else None
 
-    floor = 2 * ip["floor"] if ip else 2 * rdtsc["rdtsc"] if "rdtsc" in rdtsc else None
+    floor = 2 * ip["costs"]["rdtsc"] if ip else 2 * rdtsc["rdtsc"] if "rdtsc" in rdtsc else None
 
     def to_floor(x):
         return "—" if x is None or not floor else "%.2f× the floor" % (x / floor)
@@ -504,9 +501,9 @@ def targets_8_11(p, extra, m, rdtsc):
           "(bench/inprocess.py, 11 rounds, medians); the header's floor was measured once, "
           "before the rounds." % floor)
         p("")
-    for name, why in sorted(extra.get("failed", {}).items()):
+    for name, why in sorted(failed.items()):
         p("- not measured: %s (%s)" % (name, why.replace("\n", " ")[:300]))
-    if extra.get("failed"):
+    if failed:
         p("")
     p("| figure | target | measured |")
     p("|---|---|---|")

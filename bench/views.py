@@ -52,7 +52,9 @@ def measure(fnscope, n, runs, views, keep=None):
         print(f"fib({n}): {calls:,} calls, trace {os.path.getsize(os.path.join(trace, 'trace.fns')) / 2**20:.1f} MiB", file=sys.stderr)
         rows = []
         for name in views:
-            cmd, out, target = VIEWS[name](fnscope, trace, tmp)
+            args, out_name, target = VIEWS[name]
+            out = os.path.join(tmp, out_name) if out_name else None
+            cmd = [fnscope] + args + ["-i", trace] + (["-o", out] if out else [])
             got = []
             for _ in range(runs):
                 if out and os.path.exists(out):
@@ -70,13 +72,12 @@ def measure(fnscope, n, runs, views, keep=None):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-# Per view: (command, output file or None, target) given fnscope, the trace and a folder.
+# Per view: fnscope's arguments before `-i TRACE`, the file it writes (`-o`, in the working
+# folder) or None for standard output (discarded), and its target.
 VIEWS = {
-    "report": lambda f, t, d: ([f, "report", "-i", t], None, "≤ 4 s, ≤ 100 MB (issue 8)"),
-    "replay": lambda f, t, d: ([f, "replay", "-i", t], None, "≤ 30 s, ≤ 100 MB (issue 8)"),
-    "export --format perfetto": lambda f, t, d: (
-        [f, "export", "--format", "perfetto", "-i", t, "-o", os.path.join(d, "out.pftrace")],
-        os.path.join(d, "out.pftrace"), "≤ 20 s, ≤ 200 MB (issue 9)"),
+    "report": (["report"], None, "≤ 4 s, ≤ 100 MB (issue 8)"),
+    "replay": (["replay"], None, "≤ 30 s, ≤ 100 MB (issue 8)"),
+    "export --format perfetto": (["export", "--format", "perfetto"], "out.pftrace", "≤ 20 s, ≤ 200 MB (issue 9)"),
 }
 
 
