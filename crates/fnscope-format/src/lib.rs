@@ -24,11 +24,12 @@ use std::path::{Path, PathBuf};
 ///
 /// Version 2 made each chunk's checksum cover its kind and length too; version 1 files
 /// (checksum of the payload only) are still read. Version 3 added RAW chunks, which a version
-/// 2 reader would skip, losing their calls: only files that hold one say 3 (see
-/// [`VERSION_WITHOUT_RAW`]).
-pub const FORMAT_VERSION: u32 = 3;
-/// Version a file without RAW chunks says it is: readers of version 2 read it whole.
-pub const VERSION_WITHOUT_RAW: u32 = 2;
+/// 2 reader would skip, losing their calls (only files holding one said 3). Version 4 stores
+/// a leaf's times as the gap since the previous exit and its duration (see docs/FORMAT.md),
+/// which an older reader would misread: every file says 4.
+pub const FORMAT_VERSION: u32 = 4;
+/// First version whose EVENTS chunks store leaves' times as gap and duration.
+const LEAF_GAPS_SINCE: u32 = 4;
 /// Oldest format version this crate reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// First eight bytes of a trace file.
@@ -400,7 +401,7 @@ pub struct Compacted {
 
 /// Rewrites the trace file at `path` with every RAW chunk encoded and compressed as the EVENTS
 /// chunk (and CALLDATA chunk) it stands for, every other chunk copied unchanged, in the same
-/// order. The new file replaces the old one only once it is whole: if anything fails (a
+/// order and format version. The new file replaces the old one only once it is whole: if anything fails (a
 /// damaged chunk, a file cut short, an error writing), the old one stays, and it reads the
 /// same. `progress` is told the bytes read so far and the size.
 pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
@@ -408,7 +409,9 @@ pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compac
     let path = reader.path().to_path_buf();
     let size = std::fs::metadata(&path).map_err(io_err("read", &path))?.len();
     let tmp = path.with_extension("fns.compacting");
-    let mut writer = TraceWriter::create(&tmp)?;
+    // The chunks copied unchanged keep their meaning only in a file of their version (from 2:
+    // a writer's checksums cover kind and length, and a version 1 file holds no RAW chunks).
+    let mut writer = TraceWriter::create_as(&tmp, reader.version.max(2))?;
     let mut done = Compacted { bytes_before: size, ..Default::default() };
     let (mut calls, mut data) = (Vec::new(), CallData::default());
     let result = (|| {
@@ -584,11 +587,20 @@ pub struct TraceWriter {
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
     /// RAW chunks written.
     raw_chunks: u64,
+    /// How EVENTS chunks store times: the newest way, but for tests of older versions.
+    timing: events::Timing,
 }
 
 impl TraceWriter {
     /// Creates (or truncates) the trace file at `path` and writes the file header.
     pub fn create(path: &Path) -> Result<TraceWriter, FormatError> {
+        Self::create_as(path, FORMAT_VERSION)
+    }
+
+    /// A writer of format `version` (2 or later), for readers of that version: its EVENTS
+    /// chunks as that version stores them, the version in the header. Chunk kinds that
+    /// version does not know (RAW before 3) are the caller's to leave out.
+    pub fn create_as(path: &Path, version: u32) -> Result<TraceWriter, FormatError> {
         let file = File::create(path).map_err(io_err("create", path))?;
         let zstd = zstd::bulk::Compressor::new(events::ZSTD_LEVEL)
             .map_err(io_err("set up compression for", path))?;
@@ -603,10 +615,11 @@ impl TraceWriter {
             zstd,
             data_zstd: None,
             raw_chunks: 0,
+            timing: timing_of(version),
         };
         let mut head = [0u8; FILE_HEADER_SIZE as usize];
         head[..8].copy_from_slice(&MAGIC);
-        head[8..12].copy_from_slice(&VERSION_WITHOUT_RAW.to_le_bytes());
+        head[8..12].copy_from_slice(&version.to_le_bytes());
         w.put(&head)?;
         Ok(w)
     }
@@ -697,7 +710,7 @@ impl TraceWriter {
             ),
         })?;
         self.columns.clear();
-        events::encode_columns(records, &mut self.columns, &mut self.scratch);
+        events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
         let p = &mut self.payload;
         p.clear();
         p.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
@@ -714,8 +727,7 @@ impl TraceWriter {
     /// Writes a RAW chunk: the EVENTS header, then `slots` (call records and data slots, as
     /// in shared memory) byte for byte. Costs a copy where [`TraceWriter::write_segment`]
     /// costs an encoding and a compression: the recorder's way of keeping up with a program
-    /// that fills chunks faster than they compress. The first one marks the file as version
-    /// [`FORMAT_VERSION`].
+    /// that fills chunks faster than they compress.
     #[allow(clippy::too_many_arguments)]
     pub fn write_raw_segment(&mut self, image_sid: u32, pid: u32, tid: u32, seq: u64, lost: u64, flags: u32, slots: &[Record]) -> Result<(), FormatError> {
         let too_big = || FormatError::Io {
@@ -728,9 +740,6 @@ impl TraceWriter {
         // `24 * len` initialised bytes; the format is little-endian, as every target is.
         let body = unsafe { std::slice::from_raw_parts(slots.as_ptr() as *const u8, std::mem::size_of_val(slots)) };
         let len = u32::try_from(EVENTS_HEADER_SIZE + body.len()).ok().filter(|&l| l <= MAX_PAYLOAD).ok_or_else(too_big)?;
-        if self.raw_chunks == 0 {
-            self.mark_version(FORMAT_VERSION)?;
-        }
         let events = events_head(image_sid, pid, tid, seq, nslots, lost, flags);
         self.put(&chunk_head(KIND_RAW, len, &[&events, body]))?;
         self.put(&events)?;
@@ -746,15 +755,6 @@ impl TraceWriter {
     pub fn raw_chunks(&self) -> u64 {
         self.raw_chunks
     }
-
-    /// Rewrites the version in the file header (the header is at the start of the file, long
-    /// since handed to the operating system or still in the buffer: flushed first).
-    fn mark_version(&mut self, version: u32) -> Result<(), FormatError> {
-        use std::os::unix::fs::FileExt;
-        self.out.flush().map_err(io_err("write", &self.path))?;
-        self.out.get_ref().write_all_at(&version.to_le_bytes(), 8).map_err(io_err("write", &self.path))
-    }
-
 
     /// Writes a CALLDATA chunk: `u32 pid, u32 tid, u64 seq, u32 units`, then one zstd frame of
     /// varints, per unit: record index minus the previous unit's (the first: the index),
@@ -853,13 +853,23 @@ impl Drop for TraceWriter {
     }
 }
 
+/// How EVENTS chunks of format `version` store times.
+fn timing_of(version: u32) -> events::Timing {
+    if version >= LEAF_GAPS_SINCE {
+        events::Timing::LeafGaps
+    } else {
+        events::Timing::Exits
+    }
+}
+
 /// Reads a trace file chunk by chunk.
 pub struct TraceReader {
     path: PathBuf,
     input: BufReader<File>,
     /// Offset of the next chunk header.
     offset: u64,
-    /// Format version of the file, which decides what the chunk checksums cover.
+    /// Format version of the file, which decides what the chunk checksums cover and how
+    /// EVENTS chunks store times.
     version: u32,
     done: bool,
     truncated: bool,
@@ -1197,7 +1207,7 @@ impl TraceReader {
         if r.is_err() {
             return Err(self.corrupt(at, "record data does not decompress"));
         }
-        events::decode_columns(&self.columns, nrec, &mut seg.records)
+        events::decode_columns(&self.columns, nrec, &mut seg.records, timing_of(self.version))
             .map_err(|what| self.corrupt(at, what))?;
         if let Some((key, data)) = self.pending_data.take() {
             if key == (seg.pid, seg.tid, seg.seq) {

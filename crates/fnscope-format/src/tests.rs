@@ -62,8 +62,13 @@ fn sample_end() -> EndInfo {
 
 /// Writes a small complete trace and returns its path and the segments written.
 fn write_sample(dir: &Path) -> (PathBuf, Vec<ThreadSegment>) {
+    write_sample_as(dir, FORMAT_VERSION)
+}
+
+/// [`write_sample`] in format `version`, as that version's writer wrote it.
+fn write_sample_as(dir: &Path, version: u32) -> (PathBuf, Vec<ThreadSegment>) {
     let path = dir.join(TRACE_FILE);
-    let mut w = TraceWriter::create(&path).unwrap();
+    let mut w = TraceWriter::create_as(&path, version).unwrap();
     w.write_meta(&sample_meta()).unwrap();
     w.write_image(0, IMAGE).unwrap();
     let mut rng = Rng(99);
@@ -185,12 +190,12 @@ fn refuses_other_files_and_versions() {
     let dir = tmpdir("refuse");
     let (path, _) = write_sample(&dir);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
     assert_eq!(
         e,
-        "trace format version 4 is newer than this fnscope (supports 3): upgrade fnscope"
+        "trace format version 5 is newer than this fnscope (supports 4): upgrade fnscope"
     );
     std::fs::write(&path, b"hello world, not a trace").unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
@@ -253,11 +258,44 @@ fn checksum_covers_kind_and_length() {
     }
 }
 
+/// Files of versions 2 and 3 store a leaf's exit after the previous exit (version 4: its
+/// entry after it, then its duration); each version's files read back the calls written.
+#[test]
+fn each_version_reads_its_own_timing() {
+    let dir = tmpdir("timing");
+    let (path, segs) = write_sample(&dir);
+    let events = |chunks: Vec<Chunk>| chunks.into_iter().filter_map(|c| match c { Chunk::Events(s) => Some(s), _ => None }).collect::<Vec<_>>();
+    assert_eq!(events(read_all(&path).unwrap().0), segs);
+    let new = std::fs::read(&path).unwrap();
+    for version in [2, 3] {
+        let (old, old_segs) = write_sample_as(&tmpdir(&format!("timing-v{version}")), version);
+        assert_eq!(old_segs, segs);
+        assert_eq!(events(read_all(&old).unwrap().0), segs, "version {version}");
+        // Same calls, other bytes: a file read as the wrong version would be misread.
+        let mut relabelled = new.clone();
+        relabelled[8..12].copy_from_slice(&version.to_le_bytes());
+        std::fs::write(&old, &relabelled).unwrap();
+        assert!(read_all(&old).map_or(true, |(c, _)| events(c) != segs), "version {version}");
+    }
+}
+
+/// A version 3 file's RAW chunks compact into version 3 EVENTS chunks.
+#[test]
+fn compacting_keeps_the_version() {
+    let dir = tmpdir("compactv3");
+    let (plain, mixed) = (dir.join("plain.fns"), dir.join("mixed.fns"));
+    write_chunks_as(&plain, 3, |_| false);
+    write_chunks_as(&mixed, 3, |seq| seq != 2);
+    compact(&mixed, |_, _| {}).unwrap();
+    assert_eq!(version_of(&mixed), 3);
+    assert_eq!(std::fs::read(&mixed).unwrap(), std::fs::read(&plain).unwrap());
+}
+
 /// Version 1 files, whose checksums cover the payload only, are still read.
 #[test]
 fn version_1_files_are_read() {
     let dir = tmpdir("v1");
-    let (path, _) = write_sample(&dir);
+    let (path, _) = write_sample_as(&dir, 2);
     let (want, _) = read_all(&path).unwrap();
     let mut b = std::fs::read(&path).unwrap();
     b[8..12].copy_from_slice(&1u32.to_le_bytes());
@@ -555,7 +593,12 @@ fn raw_chunks() -> Vec<Vec<Record>> {
 
 /// A trace of [`raw_chunks`], each written RAW when `raw` says so, else split and compressed.
 fn write_chunks(path: &Path, raw: impl Fn(usize) -> bool) -> u64 {
-    let mut w = TraceWriter::create(path).unwrap();
+    write_chunks_as(path, FORMAT_VERSION, raw)
+}
+
+/// [`write_chunks`] in format `version` (3 or later: RAW chunks came with 3).
+fn write_chunks_as(path: &Path, version: u32, raw: impl Fn(usize) -> bool) -> u64 {
+    let mut w = TraceWriter::create_as(path, version).unwrap();
     w.write_meta(&sample_meta()).unwrap();
     w.write_image(0, IMAGE).unwrap();
     for (seq, slots) in raw_chunks().iter().enumerate() {
@@ -583,8 +626,7 @@ fn raw_chunks_read_as_their_events_and_compact_to_the_same_bytes() {
     let (plain, mixed) = (dir.join("plain.fns"), dir.join("mixed.fns"));
     assert_eq!(write_chunks(&plain, |_| false), 0);
     assert_eq!(write_chunks(&mixed, |seq| seq != 2), 2);
-    // The header says 3 only when the file holds RAW chunks (a version 2 reader would skip them).
-    assert_eq!(version_of(&plain), VERSION_WITHOUT_RAW);
+    assert_eq!(version_of(&plain), FORMAT_VERSION);
     assert_eq!(version_of(&mixed), FORMAT_VERSION);
     let (want, _) = read_all(&plain).unwrap();
     let (got, truncated) = read_all(&mixed).unwrap();

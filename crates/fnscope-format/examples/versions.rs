@@ -1,0 +1,63 @@
+//! What each format version that encodes times its own way makes of a trace's calls: bytes
+//! per call, and the writer's time per call (encoding and compression, the recorder's work
+//! while a program runs). The same calls for every version, held in memory and written in
+//! alternating rounds, so the differences are the encodings' alone: a new recording of the
+//! same program differs by the noise in its times.
+//!
+//! `cargo run --release -p fnscope-format --example versions -- TRACE_DIR...`
+
+use fnscope_format::{Chunk, ThreadSegment, TraceReader, TraceWriter, FORMAT_VERSION};
+use std::path::Path;
+use std::time::Instant;
+
+const VERSIONS: [u32; 2] = [3, FORMAT_VERSION];
+const ROUNDS: usize = 5;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let traces: Vec<String> = std::env::args().skip(1).collect();
+    if traces.is_empty() {
+        return Err("usage: versions TRACE_DIR...".into());
+    }
+    let out = std::env::temp_dir().join(format!("fnscope-versions-{}.fns", std::process::id()));
+    println!("| trace | calls | bytes/call v3 | v{FORMAT_VERSION} | ratio | write ns/call v3 | v{FORMAT_VERSION} | ratio |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|");
+    for trace in &traces {
+        let mut reader = TraceReader::open(Path::new(trace))?;
+        let mut segs: Vec<ThreadSegment> = Vec::new();
+        while let Some(chunk) = reader.next_chunk()? {
+            if let Chunk::Events(s) = chunk {
+                segs.push(s);
+            }
+        }
+        let calls: u64 = segs.iter().map(|s| s.records.len() as u64).sum::<u64>().max(1);
+        let mut bytes = [0u64; VERSIONS.len()];
+        let mut times: [Vec<f64>; VERSIONS.len()] = Default::default();
+        for _ in 0..ROUNDS {
+            for (k, &version) in VERSIONS.iter().enumerate() {
+                let mut writer = TraceWriter::create_as(&out, version)?;
+                let start = Instant::now();
+                for s in &segs {
+                    writer.write_segment(s.image_sid, s.pid, s.tid, s.seq, s.lost, s.flags, &s.records, &s.data)?;
+                }
+                writer.flush()?;
+                times[k].push(start.elapsed().as_nanos() as f64 / calls as f64);
+                bytes[k] = writer.bytes_written();
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (t3, t4) = (median(&mut times[0]), median(&mut times[1]));
+        let per_call = |b: u64| b as f64 / calls as f64;
+        println!(
+            "| {trace} | {calls} | {:.3} | {:.3} | {:.3} | {t3:.1} | {t4:.1} | {:.3} |",
+            per_call(bytes[0]),
+            per_call(bytes[1]),
+            bytes[1] as f64 / bytes[0] as f64,
+            t4 / t3
+        );
+    }
+    let _ = std::fs::remove_file(&out);
+    Ok(())
+}
