@@ -1,12 +1,12 @@
-//! What each format version that encodes times its own way makes of a trace's calls: bytes
-//! per call, and the writer's time per call (encoding and compression, the recorder's work
-//! while a program runs). The same calls for every version, held in memory and written in
-//! alternating rounds, so the differences are the encodings' alone: a new recording of the
+//! What format versions 3 and 4 make of a trace's image tables and calls: bytes per call of
+//! the whole file, and the writer's time per call (encoding and compression, the recorder's
+//! work while a program runs). The same tables and calls for both, held in memory and written
+//! in alternating rounds, so the differences are the encodings' alone: a new recording of the
 //! same program differs by the noise in its times.
 //!
 //! `cargo run --release -p fnscope-format --example versions -- TRACE_DIR...`
 
-use fnscope_format::{Chunk, ThreadSegment, TraceReader, TraceWriter, FORMAT_VERSION};
+use fnscope_format::{Chunk, ImageTable, ThreadSegment, TraceReader, TraceWriter, FORMAT_VERSION};
 use std::path::Path;
 use std::time::Instant;
 
@@ -24,11 +24,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for trace in &traces {
         let mut reader = TraceReader::open(Path::new(trace))?;
         let mut segs: Vec<ThreadSegment> = Vec::new();
+        let mut images: Vec<(u32, ImageTable)> = Vec::new();
         while let Some(chunk) = reader.next_chunk()? {
-            if let Chunk::Events(s) = chunk {
-                segs.push(s);
+            match chunk {
+                Chunk::Events(s) => segs.push(s),
+                Chunk::Image { sid, table } => images.push((sid, table)),
+                _ => {}
             }
         }
+        let texts: Vec<(u32, String)> = images.iter().map(|(sid, t)| (*sid, t.to_text())).collect();
         let calls: u64 = segs.iter().map(|s| s.records.len() as u64).sum::<u64>().max(1);
         let mut bytes = [0u64; VERSIONS.len()];
         let mut times: [Vec<f64>; VERSIONS.len()] = Default::default();
@@ -36,6 +40,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (k, &version) in VERSIONS.iter().enumerate() {
                 let mut writer = TraceWriter::create_as(&out, version)?;
                 let start = Instant::now();
+                for (sid, text) in &texts {
+                    writer.write_image(*sid, text)?;
+                }
                 for s in &segs {
                     writer.write_segment(s.image_sid, s.pid, s.tid, s.seq, s.lost, s.flags, &s.records, &s.data)?;
                 }
