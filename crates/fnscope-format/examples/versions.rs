@@ -1,5 +1,5 @@
 //! What format versions 3 and 4 make of a trace's image tables and calls: bytes per call of
-//! the whole file, and the writer's time per call (encoding and compression, the recorder's
+//! a file of both (META and END, a few hundred bytes, left out), and the writer's time per call (encoding and compression, the recorder's
 //! work while a program runs). The same tables and calls for both, held in memory and written
 //! in alternating rounds, so the differences are the encodings' alone: a new recording of the
 //! same program differs by the noise in its times.

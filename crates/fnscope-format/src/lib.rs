@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 pub const FORMAT_VERSION: u32 = 4;
 /// First version whose EVENTS chunks store leaves' times as gap and duration.
 const LEAF_GAPS_SINCE: u32 = 4;
+/// First version with RAW chunks.
+const RAW_SINCE: u32 = 3;
 /// Oldest format version this crate reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// First eight bytes of a trace file.
@@ -401,7 +403,8 @@ pub struct Compacted {
 
 /// Rewrites the trace file at `path` with every RAW chunk encoded and compressed as the EVENTS
 /// chunk (and CALLDATA chunk) it stands for, every other chunk copied unchanged, in the same
-/// order and format version. The new file replaces the old one only once it is whole: if anything fails (a
+/// order and format version (a version 1 file, whose checksums are not written any more,
+/// becomes version 2). The new file replaces the old one only once it is whole: if anything fails (a
 /// damaged chunk, a file cut short, an error writing), the old one stays, and it reads the
 /// same. `progress` is told the bytes read so far and the size.
 pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
@@ -587,8 +590,8 @@ pub struct TraceWriter {
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
     /// RAW chunks written.
     raw_chunks: u64,
-    /// How EVENTS chunks store times: the newest way, but for tests of older versions.
-    timing: events::Timing,
+    /// Format version in the header, which decides how EVENTS chunks store times.
+    version: u32,
 }
 
 impl TraceWriter {
@@ -597,10 +600,18 @@ impl TraceWriter {
         Self::create_as(path, FORMAT_VERSION)
     }
 
-    /// A writer of format `version` (2 or later), for readers of that version: its EVENTS
-    /// chunks as that version stores them, the version in the header. Chunk kinds that
-    /// version does not know (RAW before 3) are the caller's to leave out.
+    /// A writer of format `version` (2 to [`FORMAT_VERSION`]), for readers of that version:
+    /// its EVENTS chunks as that version stores them, the version in the header. RAW chunks
+    /// need version 3 or later. Other versions are refused: version 1 checksums are not
+    /// written, and a newer version is not known.
     pub fn create_as(path: &Path, version: u32) -> Result<TraceWriter, FormatError> {
+        if !(2..=FORMAT_VERSION).contains(&version) {
+            return Err(FormatError::Io {
+                action: "create",
+                path: path.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, format!("fnscope writes format versions 2 to {FORMAT_VERSION}, not {version}")),
+            });
+        }
         let file = File::create(path).map_err(io_err("create", path))?;
         let zstd = zstd::bulk::Compressor::new(events::ZSTD_LEVEL)
             .map_err(io_err("set up compression for", path))?;
@@ -615,7 +626,7 @@ impl TraceWriter {
             zstd,
             data_zstd: None,
             raw_chunks: 0,
-            timing: timing_of(version),
+            version,
         };
         let mut head = [0u8; FILE_HEADER_SIZE as usize];
         head[..8].copy_from_slice(&MAGIC);
@@ -710,7 +721,7 @@ impl TraceWriter {
             ),
         })?;
         self.columns.clear();
-        events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
+        events::encode_columns(records, &mut self.columns, &mut self.scratch, timing_of(self.version));
         let p = &mut self.payload;
         p.clear();
         p.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
@@ -735,6 +746,13 @@ impl TraceWriter {
             path: self.path.clone(),
             source: io::Error::new(io::ErrorKind::InvalidInput, "a segment over the 1 GiB chunk limit"),
         };
+        if self.version < RAW_SINCE {
+            return Err(FormatError::Io {
+                action: "write",
+                path: self.path.clone(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "RAW chunks need format version 3: a version 2 reader would skip their calls"),
+            });
+        }
         let nslots = u32::try_from(slots.len()).map_err(|_| too_big())?;
         // SAFETY: `Record` is `repr(C)` of three `u64`s (no padding), so its slice is
         // `24 * len` initialised bytes; the format is little-endian, as every target is.
