@@ -19,7 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: versions TRACE_DIR...".into());
     }
     let out = std::env::temp_dir().join(format!("fnscope-versions-{}.fns", std::process::id()));
-    println!("| trace | calls | bytes/call v3 | v{FORMAT_VERSION} | ratio | write ns/call v3 | v{FORMAT_VERSION} | ratio |");
+    let [old, new] = VERSIONS;
+    println!("| trace | calls | bytes/call v{old} | v{new} | ratio | write ns/call v{old} | v{new} | ratio |");
     println!("|---|--:|--:|--:|--:|--:|--:|--:|");
     for trace in &traces {
         let mut reader = TraceReader::open(Path::new(trace))?;
@@ -55,14 +56,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let (t3, t4) = (median(&mut times[0]), median(&mut times[1]));
+        let (t_old, t_new) = (median(&mut times[0]), median(&mut times[1]));
         let per_call = |b: u64| b as f64 / calls as f64;
         println!(
-            "| {trace} | {calls} | {:.3} | {:.3} | {:.3} | {t3:.1} | {t4:.1} | {:.3} |",
+            "| {trace} | {calls} | {:.3} | {:.3} | {:.3} | {t_old:.1} | {t_new:.1} | {:.3} |",
             per_call(bytes[0]),
             per_call(bytes[1]),
             bytes[1] as f64 / bytes[0] as f64,
-            t4 / t3
+            t_new / t_old
         );
     }
     let _ = std::fs::remove_file(&out);

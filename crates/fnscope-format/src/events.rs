@@ -6,8 +6,9 @@
 
 use fnscope_abi::Record;
 
-/// zstd level: level 3 keeps even a 1 MiB chunk (the default is 256 KiB) well under a millisecond and fib-like traces near
-/// two bytes per record; higher levels cost much more time for a few percent.
+/// zstd level: level 3 keeps even a 1 MiB chunk (the default is 256 KiB) well under a
+/// millisecond and fib-like traces at 0.7-1.3 bytes per record (docs/FORMAT.md); higher levels
+/// cost much more time for a few percent.
 pub(crate) const ZSTD_LEVEL: i32 = 3;
 
 /// zstd level of CALLDATA frames.
@@ -161,20 +162,12 @@ pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mu
             shape.put(flags as u64);
         }
         ids.put(zigzag(id.wrapping_sub(prev_id) as i32 as i64));
-        match pred.take_children(depth) {
-            Some(first_child) => {
-                exits.put(r.t_exit.wrapping_sub(prev_exit));
-                entries.put(first_child.wrapping_sub(r.t_entry));
-            }
-            None if leaf_gaps => {
-                exits.put(r.t_entry.wrapping_sub(prev_exit));
-                entries.put(r.t_exit.wrapping_sub(r.t_entry));
-            }
-            None => {
-                exits.put(r.t_exit.wrapping_sub(prev_exit));
-                entries.put(r.t_exit.wrapping_sub(r.t_entry));
-            }
-        }
+        let (exit_delta, entry_delta) = match pred.take_children(depth) {
+            Some(first_child) => (r.t_exit.wrapping_sub(prev_exit), first_child.wrapping_sub(r.t_entry)),
+            None => ((if leaf_gaps { r.t_entry } else { r.t_exit }).wrapping_sub(prev_exit), r.t_exit.wrapping_sub(r.t_entry)),
+        };
+        exits.put(exit_delta);
+        entries.put(entry_delta);
         pred.note(depth, r.t_entry);
         (prev_depth, prev_id, prev_exit) = (depth, id, r.t_exit);
     }
@@ -260,20 +253,14 @@ pub(crate) fn decode_columns(data: &[u8], nrec: u32, out: &mut Vec<Record>, timi
         }
         depth = d as u32;
         id = id.wrapping_add(unzigzag(ids.get()?) as i32 as u32);
+        // The exits value lands on the exit, or on a version 4 leaf's entry.
+        let landed = exit.wrapping_add(exits.get()?);
+        let back = entries.get()?;
         let t_entry;
         (t_entry, exit) = match pred.take_children(depth) {
-            Some(first_child) => {
-                let t_exit = exit.wrapping_add(exits.get()?);
-                (first_child.wrapping_sub(entries.get()?), t_exit)
-            }
-            None if leaf_gaps => {
-                let t_entry = exit.wrapping_add(exits.get()?);
-                (t_entry, t_entry.wrapping_add(entries.get()?))
-            }
-            None => {
-                let t_exit = exit.wrapping_add(exits.get()?);
-                (t_exit.wrapping_sub(entries.get()?), t_exit)
-            }
+            Some(first_child) => (first_child.wrapping_sub(back), landed),
+            None if leaf_gaps => (landed, landed.wrapping_add(back)),
+            None => (landed.wrapping_sub(back), landed),
         };
         pred.note(depth, t_entry);
         let hi = depth | (flags as u32) << 24;

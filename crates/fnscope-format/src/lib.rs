@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 pub const FORMAT_VERSION: u32 = 4;
 /// First version whose EVENTS chunks store leaves' times as gap and duration.
 const LEAF_GAPS_SINCE: u32 = 4;
+/// First version whose chunk checksums cover kind and length too.
+const CHECKSUM_OF_HEAD_SINCE: u32 = 2;
 /// First version with RAW chunks.
 const RAW_SINCE: u32 = 3;
 /// Oldest format version this crate reads.
@@ -414,7 +416,7 @@ pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compac
     let tmp = path.with_extension("fns.compacting");
     // The chunks copied unchanged keep their meaning only in a file of their version (from 2:
     // a writer's checksums cover kind and length, and a version 1 file holds no RAW chunks).
-    let mut writer = TraceWriter::create_as(&tmp, reader.version.max(2))?;
+    let mut writer = TraceWriter::create_as(&tmp, reader.version.max(CHECKSUM_OF_HEAD_SINCE))?;
     let mut done = Compacted { bytes_before: size, ..Default::default() };
     let (mut calls, mut data) = (Vec::new(), CallData::default());
     let result = (|| {
@@ -568,6 +570,11 @@ pub enum FormatError {
     },
 }
 
+/// An error for what the caller asked to write that the format cannot hold.
+fn invalid(action: &'static str, path: &Path, why: impl Into<String>) -> FormatError {
+    FormatError::Io { action, path: path.to_path_buf(), source: io::Error::new(io::ErrorKind::InvalidInput, why.into()) }
+}
+
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FormatError + 'a {
     move |source| FormatError::Io {
         action,
@@ -590,7 +597,8 @@ pub struct TraceWriter {
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
     /// RAW chunks written.
     raw_chunks: u64,
-    /// Format version in the header, which decides how EVENTS chunks store times.
+    /// Format version in the header, which decides how EVENTS chunks store times and whether
+    /// RAW chunks may be written.
     version: u32,
 }
 
@@ -605,12 +613,8 @@ impl TraceWriter {
     /// need version 3 or later. Other versions are refused: version 1 checksums are not
     /// written, and a newer version is not known.
     pub fn create_as(path: &Path, version: u32) -> Result<TraceWriter, FormatError> {
-        if !(2..=FORMAT_VERSION).contains(&version) {
-            return Err(FormatError::Io {
-                action: "create",
-                path: path.to_path_buf(),
-                source: io::Error::new(io::ErrorKind::InvalidInput, format!("fnscope writes format versions 2 to {FORMAT_VERSION}, not {version}")),
-            });
+        if !(CHECKSUM_OF_HEAD_SINCE..=FORMAT_VERSION).contains(&version) {
+            return Err(invalid("create", path, format!("fnscope writes format versions {CHECKSUM_OF_HEAD_SINCE} to {FORMAT_VERSION}, not {version}")));
         }
         let file = File::create(path).map_err(io_err("create", path))?;
         let zstd = zstd::bulk::Compressor::new(events::ZSTD_LEVEL)
@@ -657,14 +661,7 @@ impl TraceWriter {
             .filter(|&l| l <= MAX_PAYLOAD);
         match len {
             Some(len) => self.put(&chunk_head(kind, len, &[payload])).and_then(|_| self.put(payload)),
-            None => Err(FormatError::Io {
-                action: "write",
-                path: self.path.clone(),
-                source: io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("a chunk of {} bytes is over the 1 GiB limit", payload.len()),
-                ),
-            }),
+            None => Err(invalid("write", &self.path, format!("a chunk of {} bytes is over the 1 GiB limit", payload.len()))),
         }
     }
 
@@ -712,14 +709,7 @@ impl TraceWriter {
         if !data.is_empty() {
             self.write_call_data(pid, tid, seq, data)?;
         }
-        let nrec = u32::try_from(records.len()).map_err(|_| FormatError::Io {
-            action: "write",
-            path: self.path.clone(),
-            source: io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "over 2^32 records in a segment",
-            ),
-        })?;
+        let nrec = u32::try_from(records.len()).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
         self.columns.clear();
         events::encode_columns(records, &mut self.columns, &mut self.scratch, timing_of(self.version));
         let p = &mut self.payload;
@@ -741,17 +731,10 @@ impl TraceWriter {
     /// that fills chunks faster than they compress.
     #[allow(clippy::too_many_arguments)]
     pub fn write_raw_segment(&mut self, image_sid: u32, pid: u32, tid: u32, seq: u64, lost: u64, flags: u32, slots: &[Record]) -> Result<(), FormatError> {
-        let too_big = || FormatError::Io {
-            action: "write",
-            path: self.path.clone(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "a segment over the 1 GiB chunk limit"),
-        };
+        let too_big = || invalid("write", &self.path, "a segment over the 1 GiB chunk limit");
         if self.version < RAW_SINCE {
-            return Err(FormatError::Io {
-                action: "write",
-                path: self.path.clone(),
-                source: io::Error::new(io::ErrorKind::InvalidInput, "RAW chunks need format version 3: a version 2 reader would skip their calls"),
-            });
+            let why = format!("RAW chunks need format version {RAW_SINCE}: a version {} reader would skip their calls", self.version);
+            return Err(invalid("write", &self.path, why));
         }
         let nslots = u32::try_from(slots.len()).map_err(|_| too_big())?;
         // SAFETY: `Record` is `repr(C)` of three `u64`s (no padding), so its slice is
@@ -808,11 +791,7 @@ impl TraceWriter {
 
     /// Writes a COUNTS chunk.
     pub fn write_counts(&mut self, c: &CountsSegment) -> Result<(), FormatError> {
-        let n = u32::try_from(c.counts.len()).ok().filter(|&n| n <= MAX_COUNTS).ok_or_else(|| FormatError::Io {
-            action: "write",
-            path: self.path.clone(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "too many counters in one chunk"),
-        })?;
+        let n = u32::try_from(c.counts.len()).ok().filter(|&n| n <= MAX_COUNTS).ok_or_else(|| invalid("write", &self.path, "too many counters in one chunk"))?;
         self.columns.clear();
         for v in &c.counts {
             self.columns.extend_from_slice(&v.to_le_bytes());
@@ -1132,7 +1111,7 @@ impl TraceReader {
             return self.stop_truncated();
         }
         self.offset = body + len as u64;
-        let expected = if self.version >= 2 {
+        let expected = if self.version >= CHECKSUM_OF_HEAD_SINCE {
             chunk_checksum(kind, &self.payload)
         } else {
             crc32fast::hash(&self.payload)
