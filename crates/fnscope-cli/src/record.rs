@@ -540,6 +540,13 @@ impl Drop for Region {
 /// See [`Recorder::image_copied`].
 const IMAGE_RECOPY: Duration = Duration::from_millis(250);
 
+/// How often the idle loop looks for new image tables. A table is written once its process
+/// is hooked; copied then, while the program runs, it is not on the way out: a short-lived
+/// big program (`cc1plus --version`, 2.9 MiB of table) used to end with the recorder still
+/// reading, checking and writing its table, three quarters of the time from the program's
+/// exit to the recorder's.
+const IMAGE_LOOK: Duration = Duration::from_millis(2);
+
 /// How long the loop naps while the program hands chunks over: a quarter of the time the
 /// program has lately taken to fill one, between 5 us and 1 ms.
 #[derive(Default)]
@@ -1095,6 +1102,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
     let mut last_busy = Instant::now();
+    let mut last_image_look = Instant::now();
     let mut naps = Naps::default();
     // Short naps must be short: the kernel's default slack would add 50 us to each.
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes how late this thread's timers may fire.
@@ -1153,6 +1161,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             naps.chunks(busy, last_busy.elapsed());
             last_busy = Instant::now();
         } else {
+            if last_image_look.elapsed() >= IMAGE_LOOK {
+                rec.copy_images()?;
+                last_image_look = Instant::now();
+            }
             // While the program hands chunks over, come back soon: a chunk freed at once is
             // the one it takes next, still warm in its cache (with the quick copies of flight
             // mode, a 1 ms nap cost the program a fifth of its speed), but not much sooner
