@@ -545,7 +545,11 @@ const IMAGE_RECOPY: Duration = Duration::from_millis(250);
 /// big program (`cc1plus --version`, 2.9 MiB of table) used to end with the recorder still
 /// reading, checking and writing its table, three quarters of the time from the program's
 /// exit to the recorder's.
-const IMAGE_LOOK: Duration = Duration::from_millis(2);
+const IMAGE_LOOK: Duration = Duration::from_millis(5);
+
+/// A folder's modification time can lag the clock by a timer tick: a table renamed into
+/// place within this long of the last change is looked for again.
+const MTIME_TICK: Duration = Duration::from_millis(20);
 
 /// How long the loop naps while the program hands chunks over: a quarter of the time the
 /// program has lately taken to fill one, between 5 us and 1 ms.
@@ -584,6 +588,8 @@ struct Recorder {
     image_copied: HashMap<u32, Instant>,
     /// Copy every changed table now (the program is done).
     images_final: bool,
+    /// Modification time of the images folder when [`Recorder::copy_new_images`] last looked.
+    images_dir_seen: Option<std::time::SystemTime>,
     pids: BTreeSet<u32>,
     calls: u64,
     images_checked: bool,
@@ -628,14 +634,38 @@ impl Recorder {
         }
     }
 
+    /// Copies the tables of images not copied yet, if any was renamed into the folder since
+    /// the last look: one `stat` of the folder when none was, and no `stat` of tables already
+    /// copied (thousands in a big build). Tables that grow are left to
+    /// [`Recorder::copy_images`], which copies them whole again, at most every
+    /// [`IMAGE_RECOPY`].
+    fn copy_new_images(&mut self) -> Result<()> {
+        let Ok(mtime) = std::fs::metadata(self.dir.join("images")).and_then(|m| m.modified()) else { return Ok(()) };
+        let recent = std::time::SystemTime::now().duration_since(mtime).map_or(true, |age| age < MTIME_TICK);
+        if self.images_dir_seen != Some(mtime) || recent {
+            self.images_dir_seen = Some(mtime);
+            self.copy_tables(true)?;
+        }
+        Ok(())
+    }
+
     /// Copies every image table the agents have written or extended since the last look.
     fn copy_images(&mut self) -> Result<()> {
+        self.copy_tables(false)
+    }
+
+    /// Copies the image tables written or extended since the last look; with `only_new`,
+    /// only those of images never copied.
+    fn copy_tables(&mut self, only_new: bool) -> Result<()> {
         let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else { return Ok(()) };
         let mut found: Vec<(u32, PathBuf, (u64, std::time::SystemTime))> = rd
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let sid = name.strip_suffix(".txt")?.parse().ok()?;
+                if only_new && self.images_written.contains_key(&sid) {
+                    return None;
+                }
                 let m = e.metadata().ok()?;
                 Some((sid, e.path(), (m.len(), m.modified().ok()?)))
             })
@@ -644,15 +674,16 @@ impl Recorder {
             .collect();
         found.sort_by_key(|f| f.0);
         for (sid, p, stamp) in found {
-            let mut text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-            // The agent appends whole lines while this reads: a line cut short is read again
-            // next time, whole.
-            let whole = text.rfind('\n').map_or(0, |i| i + 1);
-            if whole < text.len() {
-                text.truncate(whole);
+            let mut bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+            // The agent appends whole lines while this reads: a line cut short (perhaps in the
+            // middle of a character) is read again next time, whole.
+            let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            if whole < bytes.len() {
+                bytes.truncate(whole);
             } else {
                 self.image_stamps.insert(sid, stamp);
             }
+            let text = String::from_utf8(bytes).map_err(|_| anyhow!("{} is not UTF-8: damaged, or not written by fnscope's agent", p.display()))?;
             self.writer.write_image(sid, &text)?;
             self.images_written.insert(sid, count_hooks(&text));
             self.image_copied.insert(sid, Instant::now());
@@ -1083,6 +1114,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         image_stamps: HashMap::new(),
         image_copied: HashMap::new(),
         images_final: false,
+        images_dir_seen: None,
         images_checked: false,
         pids: BTreeSet::new(),
         calls: 0,
@@ -1162,7 +1194,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             last_busy = Instant::now();
         } else {
             if last_image_look.elapsed() >= IMAGE_LOOK {
-                rec.copy_images()?;
+                rec.copy_new_images()?;
                 last_image_look = Instant::now();
             }
             // While the program hands chunks over, come back soon: a chunk freed at once is
