@@ -310,6 +310,17 @@ pub enum SlotKind {
     Count,
 }
 
+impl SlotKind {
+    /// A word for the kind, naming its moved prologues in the cache.
+    fn name(self) -> &'static str {
+        match self {
+            SlotKind::Trace => "trace",
+            SlotKind::Prehook => "prehook",
+            SlotKind::Count => "count",
+        }
+    }
+}
+
 /// Head of a tracing (or pre-hook) slot: see [`crate::stubs`].
 pub(crate) fn trace_head(slot: u64, area: u64, id: u32) -> [u8; SLOT_CODE_OFFSET] {
     let mut head = [0xccu8; SLOT_CODE_OFFSET];
@@ -362,8 +373,8 @@ pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> [u8; COUNT_CODE_OFFSE
     h
 }
 
-/// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)` and
-/// returns the patches to write. Plans whose prologue cannot be relocated, or whose island's
+/// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)`, moving
+/// prologues through `relocs`, and returns the patches to write. Plans whose prologue cannot be relocated, or whose island's
 /// donor could not be built, are returned in the error list with a reason.
 #[allow(clippy::too_many_arguments)]
 fn build_slots(
@@ -374,6 +385,7 @@ fn build_slots(
     next_id: &mut u32,
     max_id: u32,
     descs: &mut std::collections::HashMap<usize, crate::args::Desc>,
+    relocs: &mut crate::plan_cache::Relocations,
 ) -> Result<Built, String> {
     let code_offset = match kind {
         SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
@@ -440,7 +452,7 @@ fn build_slots(
             code[..orig.len()].copy_from_slice(orig);
             code[orig.len()..orig.len() + jmp.len()].copy_from_slice(&jmp);
         } else {
-            match fnscope_x86::relocate(orig, p.addr, code_at) {
+            match relocs.relocate(p.addr - lo, orig, p.addr, code_at) {
                 Ok(r) => {
                     let n = r.len().min(code.len());
                     code[..n].copy_from_slice(&r[..n]);
@@ -739,8 +751,10 @@ pub fn plan_module(
     } else {
         Default::default()
     };
-    let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id, &mut descs)
+    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, kind.name());
+    let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id, &mut descs, &mut relocs)
         .map_err(|e| format!("{}: {e}", obj.path.display()))?;
+    relocs.finish();
     table.text.push_str(&built.args_lines);
     for (i, why) in built.failed {
         skips.push((i, skip_reason::UNRELOCATABLE, why));
@@ -785,7 +799,9 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)], traced: bool) -> Result<usi
     if plans.is_empty() {
         return Ok(0);
     }
-    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default())?;
+    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, SlotKind::Prehook.name());
+    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default(), &mut relocs)?;
+    relocs.finish();
     if let Some((_, why)) = write_patches(&built.patches).into_iter().next() {
         return Err(why);
     }

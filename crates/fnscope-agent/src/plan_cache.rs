@@ -20,6 +20,7 @@
 use fnscope_abi::skip_reason;
 use fnscope_symbols::{Function, SymSource};
 use fnscope_x86::{Hook, HookForm, ReturnAddress, Verdict};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
@@ -501,4 +502,307 @@ fn decode_analysis(mut r: Reader<'_>) -> Option<Analysis> {
 /// its text (a cached one); `None` for a text it does not give.
 fn static_why(why: &str) -> Option<&'static str> {
     fnscope_symbols::NOT_ENTRY_REASONS.iter().copied().find(|&w| w == why)
+}
+
+/// Prologues that the block encoder moved into slots of one kind in an earlier run of a
+/// module, kept so that a later run copies them instead of decoding and encoding again (a
+/// microsecond or so each, and the first use costs a millisecond more in every process: the
+/// encoder's code and tables paged in).
+///
+/// A moved prologue depends on where the function and its slot are in two ways only: 32-bit
+/// displacements that aim out of the slot (at the function's module) change with the distance
+/// from the function to the slot, and 64-bit absolute addresses of the module (a return
+/// address, a `lea` of the function itself made a constant) change with the function's
+/// address. An entry knows where both kinds are, found when it was made by moving the
+/// function and the slot and watching which bytes change, so it serves any run: the same
+/// prologue bytes are moved along with a library loaded elsewhere or its slots put elsewhere.
+/// An entry whose changes could not be explained that way serves only the same addresses.
+pub struct Relocations {
+    /// The file and its key; `None` when nothing is cached.
+    file: Option<(PathBuf, String)>,
+    /// Sorted by `rel`.
+    entries: Vec<Moved>,
+    /// Each entry's bytes, one after the other: the original ones, the moved ones, and the
+    /// offsets in the moved ones of the displacements, then of the addresses.
+    data: Vec<u8>,
+    /// Entries used this run.
+    hits: usize,
+    /// Prologues moved this run that the cache did not hold, with their bytes as in `data`.
+    fresh: Vec<(Moved, Vec<u8>)>,
+}
+
+/// One prologue moved by the block encoder.
+#[derive(Clone, Copy)]
+struct Moved {
+    /// The function's address from the module's lowest address.
+    rel: u64,
+    /// Its run-time address.
+    addr: u64,
+    /// The slot's code address minus `addr`.
+    delta: u64,
+    /// Whether the offsets of the displacements and addresses are known (else the entry serves
+    /// only the same `addr` and `delta`).
+    known: bool,
+    /// Where its bytes start in `data`, and how many of each kind there are.
+    at: u32,
+    orig_len: u8,
+    out_len: u8,
+    displacements: u8,
+    addresses: u8,
+}
+
+impl Moved {
+    fn len(&self) -> usize {
+        [self.orig_len, self.out_len, self.displacements, self.addresses].iter().map(|&n| usize::from(n)).sum()
+    }
+}
+
+/// How far [`fields_of`] moves a function and its slot together, to find the absolute
+/// addresses: every byte of the low six changes, so a truncated address would show too.
+const PROBE_SHIFT: u64 = 0x3456_789a_bcd0;
+
+/// How far it moves the slot alone, to find the displacements: every byte of the distance
+/// changes, and the slot stays within reach of what it aims at.
+const PROBE_SLIDE: u64 = 0x0012_3457;
+
+impl Relocations {
+    /// The prologues cached for `what` (a slot kind) of the module at `path`; none if nothing
+    /// is cached or the file is stale or damaged.
+    pub fn of(path: &Path, what: &str) -> Relocations {
+        let file = cache_key(path, &format!("relocated {what}"));
+        let (entries, data) = file.as_ref().and_then(|(f, key)| read_cached(f, key, decode_relocations)).unwrap_or_default();
+        Relocations { file, entries, data, hits: 0, fresh: Vec::new() }
+    }
+
+    /// `orig`, the prologue of the function at `addr` (`rel` from the module's lowest address),
+    /// moved to `new_addr`: from the cache when it holds it, else by the block encoder.
+    pub fn relocate(&mut self, rel: u64, orig: &[u8], addr: u64, new_addr: u64) -> Result<Cow<'_, [u8]>, fnscope_x86::RelocError> {
+        let delta = new_addr.wrapping_sub(addr);
+        if let Some(out) = cached(&self.entries, &self.data, rel, orig, addr, delta) {
+            self.hits += 1;
+            return Ok(out);
+        }
+        let out = fnscope_x86::relocate(orig, addr, new_addr)?;
+        if self.file.is_some() && out.len() <= usize::from(u8::MAX) {
+            let fields = fields_of(orig, addr, new_addr, &out);
+            let (displacements, addresses) = fields.clone().unwrap_or_default();
+            let m = Moved {
+                rel,
+                addr,
+                delta,
+                known: fields.is_some(),
+                at: 0,
+                orig_len: orig.len() as u8,
+                out_len: out.len() as u8,
+                displacements: displacements.len() as u8,
+                addresses: addresses.len() as u8,
+            };
+            self.fresh.push((m, [orig, &out, &displacements, &addresses].concat()));
+        }
+        Ok(Cow::Owned(out))
+    }
+
+    /// Stores what this run moved along with the entries it did not replace, when most of the
+    /// prologues had to be moved anew (a first run, a module changed, another slot layout).
+    pub fn finish(self) {
+        let Some((file, key)) = &self.file else { return };
+        if self.fresh.len() <= self.hits {
+            return;
+        }
+        let mut all: Vec<(Moved, &[u8])> = self.fresh.iter().map(|(m, b)| (*m, b.as_slice())).collect();
+        all.sort_by_key(|(m, _)| m.rel);
+        let fresh = all.len();
+        for m in &self.entries {
+            if all[..fresh].binary_search_by_key(&m.rel, |(f, _)| f.rel).is_err() {
+                if let Some(b) = self.data.get(m.at as usize..m.at as usize + m.len()) {
+                    all.push((*m, b));
+                }
+            }
+        }
+        all.sort_by_key(|(m, _)| m.rel);
+        let mut o = header(key, &[]);
+        put(&mut o, all.len() as u64);
+        for (m, b) in &all {
+            put(&mut o, m.rel);
+            put(&mut o, m.addr);
+            put(&mut o, m.delta);
+            let counts = [m.orig_len, m.out_len, m.displacements, m.addresses];
+            put(&mut o, u64::from(m.known) | counts.iter().enumerate().map(|(k, &n)| u64::from(n) << (8 * (k + 1))).sum::<u64>());
+            put_bytes(&mut o, b);
+        }
+        store(file, o);
+    }
+}
+
+/// Of [`Relocations`] `entries` and `data`: the cached bytes of `rel`'s prologue `orig` at
+/// `addr`, for a slot `delta` bytes from it, if the cache holds them.
+fn cached<'a>(entries: &[Moved], data: &'a [u8], rel: u64, orig: &[u8], addr: u64, delta: u64) -> Option<Cow<'a, [u8]>> {
+    let m = entries[entries.binary_search_by_key(&rel, |m| m.rel).ok()?];
+    let mut at = m.at as usize;
+    let mut take = |n: u8| {
+        let part = data.get(at..at + usize::from(n));
+        at += usize::from(n);
+        part
+    };
+    let (cached_orig, out, displacements, addresses) = (take(m.orig_len)?, take(m.out_len)?, take(m.displacements)?, take(m.addresses)?);
+    if cached_orig != orig {
+        return None;
+    }
+    if m.addr == addr && m.delta == delta {
+        return Some(Cow::Borrowed(out));
+    }
+    if !m.known {
+        return None;
+    }
+    moved_along(out, displacements, addresses, delta.wrapping_sub(m.delta), addr.wrapping_sub(m.addr)).map(Cow::Owned)
+}
+
+/// `out` with its `displacements` for a slot `slid` bytes further from the function, and its
+/// `addresses` for a function `shifted` bytes further; `None` if a displacement would not fit.
+fn moved_along(out: &[u8], displacements: &[u8], addresses: &[u8], slid: u64, shifted: u64) -> Option<Vec<u8>> {
+    let mut v = out.to_vec();
+    for &f in displacements {
+        let field = v.get_mut(usize::from(f)..usize::from(f) + 4)?;
+        let old = i32::from_le_bytes(field.try_into().ok()?);
+        let new = i32::try_from(i64::from(old).checked_sub(slid as i64)?).ok()?;
+        field.copy_from_slice(&new.to_le_bytes());
+    }
+    for &f in addresses {
+        let field = v.get_mut(usize::from(f)..usize::from(f) + 8)?;
+        let old = u64::from_le_bytes(field.try_into().ok()?);
+        field.copy_from_slice(&old.wrapping_add(shifted).to_le_bytes());
+    }
+    Some(v)
+}
+
+/// The offsets in `out` (`orig` moved from `addr` to `new_addr`) of its 32-bit displacements
+/// that aim out of the slot and of its 64-bit absolute addresses of the module: the bytes that
+/// change when the slot alone is moved must be displacements changed by the distance moved,
+/// and those that change when both are moved must be addresses changed by as much. `None`
+/// when the output changes in another way (its length, another field), or the offsets found
+/// do not predict the output for both moved another way.
+fn fields_of(orig: &[u8], addr: u64, new_addr: u64, out: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let slid = fnscope_x86::relocate(orig, addr, new_addr.wrapping_add(PROBE_SLIDE)).ok()?;
+    let displacements = changed_fields(out, &slid, 4, |a, b| a.wrapping_sub(PROBE_SLIDE) & 0xffff_ffff == b)?;
+    let shifted = fnscope_x86::relocate(orig, addr.wrapping_add(PROBE_SHIFT), new_addr.wrapping_add(PROBE_SHIFT)).ok()?;
+    let addresses = changed_fields(out, &shifted, 8, |a, b| a.wrapping_add(PROBE_SHIFT) == b)?;
+    let (addr2, new2) = (addr.wrapping_sub(PROBE_SHIFT), new_addr.wrapping_sub(PROBE_SHIFT).wrapping_sub(PROBE_SLIDE));
+    let check = fnscope_x86::relocate(orig, addr2, new2).ok()?;
+    let predicted = moved_along(out, &displacements, &addresses, PROBE_SLIDE.wrapping_neg(), PROBE_SHIFT.wrapping_neg())?;
+    (predicted == check).then_some((displacements, addresses))
+}
+
+/// The offsets of the `width`-byte little-endian fields that cover every byte in which `a` and
+/// `b` differ, each field's values related by `moved(a, b)`; `None` if there are none such.
+fn changed_fields(a: &[u8], b: &[u8], width: usize, moved: impl Fn(u64, u64) -> bool) -> Option<Vec<u8>> {
+    if a.len() != b.len() {
+        return None;
+    }
+    let value = |v: &[u8], f: usize| {
+        let mut w = [0u8; 8];
+        w[..width].copy_from_slice(&v[f..f + width]);
+        u64::from_le_bytes(w)
+    };
+    let mut fields: Vec<u8> = Vec::new();
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] == b[i] {
+            i += 1;
+            continue;
+        }
+        let free_from = fields.last().map_or(0, |&l| usize::from(l) + width);
+        let f = (i.saturating_sub(width - 1).max(free_from)..=i)
+            .filter(|&f| f + width <= a.len())
+            .find(|&f| moved(value(a, f), value(b, f)))?;
+        fields.push(u8::try_from(f).ok()?);
+        i = f + width;
+    }
+    Some(fields)
+}
+
+/// The cached moved prologues (see [`Relocations`]), sorted by `rel`, and their bytes.
+fn decode_relocations(mut r: Reader<'_>) -> Option<(Vec<Moved>, Vec<u8>)> {
+    let n = usize::try_from(r.u64()?).ok()?;
+    // Each entry takes at least 5 words: a count beyond what the file holds is damage.
+    if n > r.b.len() / 40 {
+        return None;
+    }
+    let mut entries: Vec<Moved> = Vec::with_capacity(n);
+    let mut data = Vec::new();
+    for _ in 0..n {
+        let (rel, addr, delta, flags) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let bytes = r.bytes()?;
+        let m = Moved {
+            rel,
+            addr,
+            delta,
+            known: flags & 1 != 0,
+            at: u32::try_from(data.len()).ok()?,
+            orig_len: (flags >> 8) as u8,
+            out_len: (flags >> 16) as u8,
+            displacements: (flags >> 24) as u8,
+            addresses: (flags >> 32) as u8,
+        };
+        if m.len() != bytes.len() || entries.last().is_some_and(|l| l.rel >= rel) {
+            return None;
+        }
+        data.extend_from_slice(bytes);
+        entries.push(m);
+    }
+    (r.at == r.b.len()).then_some((entries, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Prologues of every kind the block encoder moves, at `rel` in a module: a RIP-relative
+    /// load, a short `je` (widened), a `call` (its return address becomes an absolute
+    /// constant), a `lea` of itself (an absolute constant), and the same `lea` in 32 bits (a
+    /// truncated constant, which no cached entry may move along).
+    const PROLOGUES: [(u64, &[u8]); 5] = [
+        (0x1000, &[0x48, 0x8b, 0x05, 0x00, 0x10, 0x00, 0x00]),
+        (0x1100, &[0x55, 0x85, 0xff, 0x74, 0x20]),
+        (0x1200, &[0x55, 0xe8, 0x00, 0x01, 0x00, 0x00]),
+        (0x1300, &[0x48, 0x8d, 0x05, 0xf9, 0xff, 0xff, 0xff]),
+        (0x1400, &[0x8d, 0x05, 0xfa, 0xff, 0xff, 0xff]),
+    ];
+
+    /// Moves every prologue of a module at `lo` into slots starting `below` bytes under it,
+    /// checking each result against the block encoder; returns how many came from the cache.
+    fn move_all(module: &Path, lo: u64, below: u64) -> usize {
+        let mut r = Relocations::of(module, "test");
+        for (k, (rel, orig)) in PROLOGUES.iter().enumerate() {
+            let (addr, new_addr) = (lo + rel, lo - below + 64 * k as u64);
+            let want = fnscope_x86::relocate(orig, addr, new_addr).unwrap();
+            let got = r.relocate(*rel, orig, addr, new_addr).unwrap().into_owned();
+            assert_eq!(got, want, "prologue at +{rel:#x}, module at {lo:#x}, slots {below:#x} below");
+        }
+        let hits = r.hits;
+        r.finish();
+        hits
+    }
+
+    #[test]
+    fn cached_prologues_are_what_the_encoder_makes_wherever_the_module_and_slots_go() {
+        let dir = std::env::temp_dir().join(format!("fnscope-relocs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let module = dir.join("module");
+        std::fs::write(&module, b"a module").unwrap();
+        set_dir(dir.clone());
+        let lo = 0x5555_5555_0000;
+        assert_eq!(move_all(&module, lo, 0x10_0000), 0, "nothing was cached yet");
+        assert_eq!(move_all(&module, lo, 0x10_0000), 5, "the same places: every prologue from the cache");
+        // Slots elsewhere, then the module elsewhere too: the others are moved along; the
+        // truncated constant cannot be, so its entry serves only the places it was made for.
+        assert_eq!(move_all(&module, lo, 0x38_1000), 4);
+        assert_eq!(move_all(&module, 0x7f12_3456_0000, 0x23_4000), 4);
+        // A prologue whose bytes changed is never taken from the cache.
+        let mut r = Relocations::of(&module, "test");
+        let changed = [0x48, 0x8b, 0x05, 0x00, 0x20, 0x00, 0x00];
+        let (addr, new_addr) = (lo + 0x1000, lo - 0x10_0000);
+        assert_eq!(r.relocate(0x1000, &changed, addr, new_addr).unwrap().into_owned(), fnscope_x86::relocate(&changed, addr, new_addr).unwrap());
+        assert_eq!(r.hits, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
