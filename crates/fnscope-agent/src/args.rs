@@ -12,6 +12,7 @@
 //! stubs themselves; anything else (strings, floating point, stack arguments, structs, x87,
 //! injections) goes through the Rust functions here, which make raw system calls only.
 
+use crate::plan_cache::Analysis;
 use crate::thread::{ShadowEntry, ThreadState};
 use crate::{stubs, sys};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -167,15 +168,16 @@ fn describe(r: &InjectRule) -> String {
     s
 }
 
-fn matches(g: &glob::Pattern, f: &fnscope_symbols::Function, shown: &mut Option<String>) -> bool {
-    let raw = f.name.as_deref().unwrap_or("");
-    g.matches(raw) || g.matches(shown.get_or_insert_with(|| f.display_name()))
+/// Whether `g` matches function `i` of `funcs` by its raw or its demangled name.
+fn matches(g: &glob::Pattern, funcs: &Analysis, i: usize, shown: &mut Option<String>) -> bool {
+    let raw = funcs.name(i).unwrap_or("");
+    g.matches(raw) || g.matches(shown.get_or_insert_with(|| crate::filter::display_name(funcs.name(i), funcs.address(i))))
 }
 
 /// Descriptors for the planned functions of one module (by function index) that record
 /// values or have injections. Specs left to DWARF are read from the module's debug
 /// information, only for the functions that need them.
-pub fn plan(path: &Path, funcs: &[fnscope_symbols::Function], planned: &[usize]) -> HashMap<usize, Desc> {
+pub fn plan(path: &Path, funcs: &Analysis, planned: &[usize]) -> HashMap<usize, Desc> {
     let mut out = HashMap::new();
     let Some(c) = CONFIG.get() else { return out };
     if !enabled() {
@@ -189,16 +191,15 @@ pub fn plan(path: &Path, funcs: &[fnscope_symbols::Function], planned: &[usize])
     let mut wants = Vec::new();
     let mut dwarf_for = HashSet::new();
     for &i in planned {
-        let f = &funcs[i];
         let mut shown = None;
-        let args = c.args.iter().find(|p| matches(&p.glob, f, &mut shown)).map(|p| p.spec.clone()).or(c.auto.then_some(None));
-        let ret = c.rets.iter().find(|p| matches(&p.glob, f, &mut shown)).map(|p| p.spec.clone()).or(c.auto.then_some(None));
-        let rules: Vec<u16> = c.rules.iter().enumerate().filter(|(_, r)| matches(&r.pattern, f, &mut shown)).map(|(k, _)| k as u16).collect();
+        let args = c.args.iter().find(|p| matches(&p.glob, funcs, i, &mut shown)).map(|p| p.spec.clone()).or(c.auto.then_some(None));
+        let ret = c.rets.iter().find(|p| matches(&p.glob, funcs, i, &mut shown)).map(|p| p.spec.clone()).or(c.auto.then_some(None));
+        let rules: Vec<u16> = c.rules.iter().enumerate().filter(|(_, r)| matches(&r.pattern, funcs, i, &mut shown)).map(|(k, _)| k as u16).collect();
         if args.is_none() && ret.is_none() && rules.is_empty() {
             continue;
         }
         if matches!(args, Some(None)) || matches!(ret, Some(None)) || !rules.is_empty() {
-            dwarf_for.insert(f.address);
+            dwarf_for.insert(funcs.address(i));
         }
         wants.push((i, Want { args, ret, rules }));
     }
@@ -211,7 +212,7 @@ pub fn plan(path: &Path, funcs: &[fnscope_symbols::Function], planned: &[usize])
         fnscope_symbols::params::signatures(path, |a| dwarf_for.contains(&a)).unwrap_or_default()
     };
     for (i, w) in wants {
-        let sig = sigs.get(&funcs[i].address);
+        let sig = sigs.get(&funcs.address(i));
         let args = match &w.args {
             Some(Some(s)) => ArgSpec::parse(s).unwrap_or_default(),
             Some(None) => sig.map(|s| s.args.clone()).unwrap_or_default(),

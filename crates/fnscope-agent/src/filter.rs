@@ -104,9 +104,9 @@ impl ModuleFilter<'_> {
         (self.filters.include.is_empty() || self.include_module) && self.filters.exclude.is_empty()
     }
 
-    /// Whether the function `f` is to be hooked: it matches `--filter` (when given) and does
-    /// not match `--exclude`.
-    pub fn keeps(&self, f: &fnscope_symbols::Function) -> bool {
+    /// Whether the function named `name` (raw; `None` for none) at link-time `address` is to
+    /// be hooked: it matches `--filter` (when given) and does not match `--exclude`.
+    pub fn keeps(&self, name: Option<&str>, address: u64) -> bool {
         let inc = &self.filters.include;
         let exc = &self.filters.exclude;
         let mut display = None;
@@ -116,15 +116,15 @@ impl ModuleFilter<'_> {
                 return true;
             }
             if !p.names.is_empty() {
-                let raw = f.name.as_deref().unwrap_or("");
-                let shown = display.get_or_insert_with(|| f.display_name());
+                let raw = name.unwrap_or("");
+                let shown = display.get_or_insert_with(|| display_name(name, address));
                 if p.names.iter().any(|g| g.matches(raw) || g.matches(shown)) {
                     return true;
                 }
             }
             if !p.files.is_empty() {
                 let src = file.get_or_insert_with(|| {
-                    self.lines.as_ref().and_then(|l| l.locate(f.address)).map(|loc| loc.file).unwrap_or_default()
+                    self.lines.as_ref().and_then(|l| l.locate(address)).map(|loc| loc.file).unwrap_or_default()
                 });
                 if !src.is_empty() && path_matches(&p.files, src) {
                     return true;
@@ -133,5 +133,13 @@ impl ModuleFilter<'_> {
             false
         };
         (inc.is_empty() || hit(inc, self.include_module)) && !(hit(exc, self.exclude_module))
+    }
+}
+
+/// A function's name as people read it: demangled, or `sub_<hex address>` for none.
+pub fn display_name(name: Option<&str>, address: u64) -> String {
+    match name {
+        Some(n) => fnscope_symbols::demangle(n),
+        None => format!("sub_{address:x}"),
     }
 }

@@ -599,30 +599,11 @@ impl ImageTable {
     }
 }
 
-fn name_of(inv: &crate::plan_cache::Analysis, i: usize) -> String {
-    let mut s = String::new();
-    push_name(&mut s, &inv.functions[i]);
-    s
-}
-
-/// Appends the name of `f` as the image table spells it. Written in place: a table line per
-/// function, and a copy of each name took a tenth of the start-up of a big program.
-fn push_name(out: &mut String, f: &fnscope_symbols::Function) {
-    match &f.name {
-        Some(n) if !n.contains(['\t', '\n']) => out.push_str(n),
-        Some(n) => out.push_str(&n.replace(['\t', '\n'], " ")),
-        None => {
-            out.push_str("sub_");
-            push_number::<16>(out, f.address);
-        }
-    }
-}
-
 /// Appends `v` in base `BASE`, 10 or 16 (lower case). The table has a few numbers on each of
 /// tens of thousands of lines, and `write!` took most of the time of writing it; the base is
 /// a constant so that each digit costs a multiplication or a shift, not a division (with the
 /// base an argument, this was 6% of a traced `cc1plus --version`).
-fn push_number<const BASE: u64>(out: &mut String, mut v: u64) {
+pub(crate) fn push_number<const BASE: u64>(out: &mut String, mut v: u64) {
     let mut buf = [0u8; 20];
     let mut at = buf.len();
     loop {
@@ -635,16 +616,6 @@ fn push_number<const BASE: u64>(out: &mut String, mut v: u64) {
     }
     // The digits are ASCII.
     out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
-}
-
-/// Appends the module index, address (hex) and size of `f`, each followed by a tab.
-fn push_place(out: &mut String, midx: u32, f: &fnscope_symbols::Function) {
-    push_number::<10>(out, u64::from(midx));
-    out.push('\t');
-    push_number::<16>(out, f.address);
-    out.push('\t');
-    push_number::<10>(out, f.size);
-    out.push('\t');
 }
 
 /// Appends `text` with its tabs and line feeds made spaces (a table field).
@@ -686,7 +657,7 @@ pub fn plan_module(
     let mut skips: Vec<(usize, &'static str, String)> = Vec::new();
     // Timing mode changes return addresses; code its module describes for unwinders everywhere
     // else but not here is someone's generated code, whose runtime may walk it.
-    let cfi_elsewhere = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.has_cfi);
+    let cfi_elsewhere = kind == SlotKind::Trace && (0..inv.count()).any(|i| inv.has_cfi(i));
     let walker = if kind == SlotKind::Trace { stack_walker(&obj.path).or_else(|| crate::mono::runtime_in(obj)) } else { None };
     if let Some(why) = walker {
         crate::warn(&format!(
@@ -694,37 +665,37 @@ pub fn plan_module(
             obj.path.display()
         ));
     }
-    let v8 = kind == SlotKind::Trace && inv.functions.iter().any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("_ZN2v88internal")));
+    let v8 = kind == SlotKind::Trace && (0..inv.count()).any(|i| inv.name(i).is_some_and(|n| n.starts_with("_ZN2v88internal")));
     let filter = filters.for_module(&obj.path);
     let keep_all = filter.keeps_all();
     for (i, v) in verdicts.iter().enumerate() {
         match v {
-            Verdict::Hookable(_) if !keep_all && !filter.keeps(&inv.functions[i]) => {
+            Verdict::Hookable(_) if !keep_all && !filter.keeps(inv.name(i), inv.address(i)) => {
                 skips.push((i, skip_reason::FILTERED, "left out by --filter/--exclude".to_string()))
             }
             Verdict::Hookable(_) if walker.is_some() => {
                 skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().to_string()))
             }
-            Verdict::Hookable(_) if v8 && called_by_v8_generated_code(&inv.functions[i]) => skips.push((
+            Verdict::Hookable(_) if v8 && called_by_v8_generated_code(&crate::filter::display_name(inv.name(i), inv.address(i))) => skips.push((
                 i,
                 skip_reason::STACK_WALKER,
                 "called from V8's generated code, whose stack walker reads this return address".to_string(),
             )),
-            Verdict::Hookable(_) if exclude.contains(&(obj.bias + inv.functions[i].address)) => {
+            Verdict::Hookable(_) if exclude.contains(&(obj.bias + inv.address(i))) => {
                 skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".to_string()))
             }
-            Verdict::Hookable(_) if cfi_elsewhere && !inv.functions[i].has_cfi => skips.push((
+            Verdict::Hookable(_) if cfi_elsewhere && !inv.has_cfi(i) => skips.push((
                 i,
                 skip_reason::NO_CFI,
                 "no call frame information (generated or hand-written code): count mode hooks it".to_string(),
             )),
             Verdict::Hookable(hook) => {
-                let addr = obj.bias + inv.functions[i].address;
+                let addr = obj.bias + inv.address(i);
                 // SAFETY: the bytes the hook displaces, in the module's mapped code: the
                 // analysis found whole instructions there.
                 let code = unsafe { std::slice::from_raw_parts(addr as *const u8, hook.relocate_len.into()) };
                 let as_is = inv.as_is(i) == Some(code);
-                plans.push(Planned { addr, size: inv.functions[i].size, hook: *hook, id: 0, index: i, as_is })
+                plans.push(Planned { addr, size: inv.size(i), hook: *hook, id: 0, index: i, as_is })
             }
             Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
         }
@@ -740,14 +711,13 @@ pub fn plan_module(
             Some((_, reason, detail)) => (*reason, detail.as_str()),
             None => ("", ""),
         };
-        let f = &inv.functions[p.index];
-        let own = if f.size < fnscope_x86::JMP_LEN as u64 { skip_reason::TOO_SHORT } else { skip_reason::BRANCH_INTO_PATCH };
-        let detail = format!("its island would lie in {}, which is not hooked ({reason}: {why})", name_of(&inv, donor));
+        let own = if inv.size(p.index) < fnscope_x86::JMP_LEN as u64 { skip_reason::TOO_SHORT } else { skip_reason::BRANCH_INTO_PATCH };
+        let detail = format!("its island would lie in {}, which is not hooked ({reason}: {why})", inv.spelled(donor));
         skips.push((p.index, own, detail));
         false
     });
     let mut descs = if kind == SlotKind::Trace {
-        crate::args::plan(&obj.path, &inv.functions, &plans.iter().map(|p| p.index).collect::<Vec<_>>())
+        crate::args::plan(&obj.path, &inv, &plans.iter().map(|p| p.index).collect::<Vec<_>>())
     } else {
         Default::default()
     };
@@ -761,24 +731,26 @@ pub fn plan_module(
     }
     let out = &mut table.text;
     out.reserve(built.ids.len() * 48 + skips.len() * 96);
+    let mut module = String::new();
+    push_number::<10>(&mut module, u64::from(midx));
+    module.push('\t');
     for &(i, id) in &built.ids {
-        let f = &inv.functions[i];
         out.push_str("func\t");
         push_number::<10>(out, u64::from(id));
         out.push('\t');
-        push_place(out, midx, f);
-        push_name(out, f);
+        out.push_str(&module);
+        out.push_str(inv.fields(i));
         out.push('\n');
     }
     for (i, reason, detail) in &skips {
-        let f = &inv.functions[*i];
         out.push_str("skip\t");
-        push_place(out, midx, f);
+        out.push_str(&module);
+        out.push_str(inv.place(*i));
         out.push_str(reason);
         out.push('\t');
         push_field(out, detail);
         out.push('\t');
-        push_name(out, f);
+        out.push_str(inv.spelled(*i));
         out.push('\n');
     }
     Ok(ModuleResult { hooked: built.ids.len(), skipped: skips.len(), patches: built.patches, cached: inv.cached })
@@ -819,8 +791,7 @@ fn stack_walker(path: &Path) -> Option<&'static str> {
 /// callbacks from its generated code through "exit frames", and its stack walker (run by the
 /// garbage collector, among others) reads the return address of that call from the stack to
 /// find the generated code it came from: it must stay as it is.
-fn called_by_v8_generated_code(f: &fnscope_symbols::Function) -> bool {
-    let name = f.display_name();
+fn called_by_v8_generated_code(name: &str) -> bool {
     name.starts_with("v8::internal::Runtime_")
         || name.starts_with("v8::internal::Builtin_")
         || name.contains("FunctionCallbackInfo<")

@@ -275,7 +275,7 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
         }
     };
     let walker = t.kind == SlotKind::Trace && walks_stack(name);
-    if !walker && !kept_by_filters(t, start, size, name) {
+    if !walker && !kept_by_filters(t, start, name) {
         let line = format!("skip\t{midx}\t{start:x}\t{size}\t{}\tleft out by --filter/--exclude\t{}\n", fnscope_abi::skip_reason::FILTERED, name.replace(['\t', '\n'], " "));
         return t.append_table(&line);
     }
@@ -351,18 +351,9 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
 
 /// Whether `--filter`/`--exclude` keep the method `name` (module [`MODULE_NAME`]). Stack-walk
 /// pre-hooks are installed whatever the filters say: without them Mono would lose its way.
-fn kept_by_filters(t: &Tracer, start: u64, size: u64, name: &str) -> bool {
+fn kept_by_filters(t: &Tracer, start: u64, name: &str) -> bool {
     let filter = t.filters.for_module(std::path::Path::new(MODULE_NAME));
-    filter.keeps_all()
-        || filter.keeps(&fnscope_symbols::Function {
-            name: Some(name.to_string()),
-            address: start,
-            size,
-            entry: true,
-            not_entry_why: None,
-            source: fnscope_symbols::SymSource::EhFrame,
-            has_cfi: true,
-        })
+    filter.keeps_all() || filter.keeps(Some(name), start)
 }
 
 /// Whether Mono's native code behind the managed-to-native wrapper `name` walks the calling

@@ -18,7 +18,7 @@
 //! modes does both at once, decoding the module once, on every processor.
 
 use fnscope_abi::skip_reason;
-use fnscope_symbols::{Function, SymSource};
+use fnscope_symbols::Function;
 use fnscope_x86::{Hook, HookForm, ReturnAddress, Verdict};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -26,8 +26,8 @@ use std::sync::{Mutex, OnceLock};
 
 /// What [`analyse`] returns: the module's functions, its build-id and a verdict per function.
 pub struct Analysis {
-    /// As `fnscope_symbols` lists them.
-    pub functions: Vec<Function>,
+    /// The functions, as `fnscope_symbols` lists them.
+    names: Names,
     /// The module's GNU build-id.
     pub build_id: Option<Vec<u8>>,
     /// One per function.
@@ -43,6 +43,66 @@ pub struct Analysis {
     pub cached: bool,
 }
 
+/// A module's functions with their image-table fields already spelled out: the table has a
+/// line for each of tens of thousands of functions, and formatting those lines, with a string
+/// allocated per name when the analysis was read back, took a quarter of a warm start-up.
+#[derive(Clone)]
+struct Names {
+    funcs: Vec<Func>,
+    /// Each function's table fields, one after the other: its address (hex), a tab, its size,
+    /// a tab, and its name as the table spells it (see [`Analysis::fields`]).
+    text: String,
+    /// The raw names that the table spells otherwise (with a tab or line feed), by function.
+    odd: Vec<(u32, String)>,
+}
+
+/// One function of [`Names`].
+#[derive(Clone, Copy)]
+struct Func {
+    address: u64,
+    size: u64,
+    has_cfi: bool,
+    named: bool,
+    /// Where its fields, its name and the next function's fields start in `text`.
+    at: u32,
+    name_at: u32,
+    end: u32,
+}
+
+impl Names {
+    fn new(functions: &[Function]) -> Names {
+        let mut text = String::with_capacity(48 * functions.len());
+        let mut funcs = Vec::with_capacity(functions.len());
+        let mut odd = Vec::new();
+        for (i, f) in functions.iter().enumerate() {
+            let at = text.len() as u32;
+            crate::hook::push_number::<16>(&mut text, f.address);
+            text.push('\t');
+            crate::hook::push_number::<10>(&mut text, f.size);
+            text.push('\t');
+            let name_at = text.len() as u32;
+            match &f.name {
+                Some(n) if n.contains(['\t', '\n']) => {
+                    text.push_str(&n.replace(['\t', '\n'], " "));
+                    odd.push((i as u32, n.clone()));
+                }
+                Some(n) => text.push_str(n),
+                None => {
+                    text.push_str("sub_");
+                    crate::hook::push_number::<16>(&mut text, f.address);
+                }
+            }
+            funcs.push(Func { address: f.address, size: f.size, has_cfi: f.has_cfi, named: f.name.is_some(), at, name_at, end: text.len() as u32 });
+        }
+        Names { funcs, text, odd }
+    }
+
+    fn span(&self, from: u32, to: u32) -> &str {
+        // Every span is on character boundaries: made so, or checked when read back.
+        self.text.get(from as usize..to as usize).unwrap_or_default()
+    }
+}
+
 impl Analysis {
     /// The bytes the hook of function `i` displaces, as the file has them, when they run
     /// unchanged at any address and fall through ([`fnscope_x86::moves_as_is`]): a slot then
@@ -50,6 +110,58 @@ impl Analysis {
     pub fn as_is(&self, i: usize) -> Option<&[u8]> {
         let &(at, len) = self.as_is.get(i)?;
         (len > 0).then(|| self.as_is_bytes.get(at as usize..at as usize + usize::from(len))).flatten()
+    }
+
+    /// How many functions there are.
+    pub fn count(&self) -> usize {
+        self.names.funcs.len()
+    }
+
+    /// Function `i`'s link-time address.
+    pub fn address(&self, i: usize) -> u64 {
+        self.names.funcs[i].address
+    }
+
+    /// Function `i`'s size in bytes (0 if unknown).
+    pub fn size(&self, i: usize) -> u64 {
+        self.names.funcs[i].size
+    }
+
+    /// Whether `.eh_frame` describes function `i`.
+    pub fn has_cfi(&self, i: usize) -> bool {
+        self.names.funcs[i].has_cfi
+    }
+
+    /// Function `i`'s raw (mangled) name; `None` for a piece of code known only from
+    /// `.eh_frame`.
+    pub fn name(&self, i: usize) -> Option<&str> {
+        let f = &self.names.funcs[i];
+        if !f.named {
+            return None;
+        }
+        match self.names.odd.binary_search_by_key(&(i as u32), |o| o.0) {
+            Ok(k) => Some(&self.names.odd[k].1),
+            Err(_) => Some(self.names.span(f.name_at, f.end)),
+        }
+    }
+
+    /// Function `i`'s image-table fields: address (hex), tab, size, tab, name as the table
+    /// spells it (tabs and line feeds made spaces, `sub_<address>` for no name).
+    pub fn fields(&self, i: usize) -> &str {
+        let f = &self.names.funcs[i];
+        self.names.span(f.at, f.end)
+    }
+
+    /// The start of [`Analysis::fields`]: address, tab, size, tab.
+    pub fn place(&self, i: usize) -> &str {
+        let f = &self.names.funcs[i];
+        self.names.span(f.at, f.name_at)
+    }
+
+    /// The end of [`Analysis::fields`]: the name as the table spells it.
+    pub fn spelled(&self, i: usize) -> &str {
+        let f = &self.names.funcs[i];
+        self.names.span(f.name_at, f.end)
     }
 }
 
@@ -83,7 +195,7 @@ pub fn set_dir(dir: PathBuf) {
     let _ = DIR.set(dir);
 }
 
-const MAGIC: &[u8; 8] = b"FNSPLAN2";
+const MAGIC: &[u8; 8] = b"FNSPLAN3";
 
 /// Every skip reason a verdict can carry, so that a cached one maps back to its constant.
 const REASONS: [&str; 14] = [
@@ -142,9 +254,9 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
     };
     let mut entries = Vec::new();
     for &addr in addresses {
-        let Some(i) = a.functions.iter().position(|f| f.address == addr) else { continue };
+        let Some(i) = a.names.funcs.iter().position(|f| f.address == addr) else { continue };
         if let Verdict::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = a.verdicts[i] {
-            entries.push((addr, a.functions[i].size, hook));
+            entries.push((addr, a.size(i), hook));
         }
     }
     if let Some((file, key)) = &key {
@@ -222,13 +334,13 @@ fn analyse_file(path: &Path, ra: ReturnAddress, both: bool) -> Result<Analysis, 
         let (as_is, as_is_bytes) = as_is_of(&inv, &data, &v);
         (v, as_is, as_is_bytes)
     });
-    let a = Analysis { functions: inv.functions, build_id: inv.build_id, verdicts, debug, as_is, as_is_bytes, cached: false };
+    let a = Analysis { names: Names::new(&inv.functions), build_id: inv.build_id, verdicts, debug, as_is, as_is_bytes, cached: false };
     if let Some((file, key)) = cache_key(path, &format!("{ra:?}")) {
         store(&file, encode(&key, &a));
     }
     if let Some((verdicts, as_is, as_is_bytes)) = spare {
         let s = Analysis {
-            functions: a.functions.clone(),
+            names: a.names.clone(),
             build_id: a.build_id.clone(),
             verdicts,
             debug: a.debug.clone(),
@@ -325,22 +437,21 @@ fn header(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)]) -> Vec<u8> {
 
 fn encode(key: &str, a: &Analysis) -> Vec<u8> {
     let mut o = header(key, &a.debug);
-    o.reserve(64 * a.functions.len());
+    o.reserve(a.names.text.len() + 64 * a.count());
     put_bytes(&mut o, a.build_id.as_deref().unwrap_or_default());
     put(&mut o, u64::from(a.build_id.is_some()));
-    put(&mut o, a.functions.len() as u64);
-    for (i, (f, v)) in a.functions.iter().zip(&a.verdicts).enumerate() {
+    put(&mut o, a.count() as u64);
+    put_bytes(&mut o, a.names.text.as_bytes());
+    put(&mut o, a.names.odd.len() as u64);
+    for (i, name) in &a.names.odd {
+        put(&mut o, u64::from(*i));
+        put_bytes(&mut o, name.as_bytes());
+    }
+    for (i, (f, v)) in a.names.funcs.iter().zip(&a.verdicts).enumerate() {
         put(&mut o, f.address);
         put(&mut o, f.size);
-        let source = match f.source {
-            SymSource::Symtab => 0,
-            SymSource::Dynsym => 1,
-            SymSource::EhFrame => 2,
-            SymSource::DebugFile => 3,
-        };
-        put(&mut o, u64::from(f.entry) | u64::from(f.has_cfi) << 1 | u64::from(f.name.is_some()) << 2 | source << 3);
-        put_bytes(&mut o, f.name.as_deref().unwrap_or_default().as_bytes());
-        put_bytes(&mut o, f.not_entry_why.unwrap_or_default().as_bytes());
+        // The fields follow one another in the text: their place and name lengths say where.
+        put(&mut o, u64::from(f.has_cfi) | u64::from(f.named) << 1 | u64::from(f.name_at - f.at) << 8 | u64::from(f.end - f.name_at) << 32);
         match v {
             Verdict::Hookable(h) => {
                 let (form, island, donor) = match h.form {
@@ -436,36 +547,37 @@ fn decode_analysis(mut r: Reader<'_>) -> Option<Analysis> {
     let id = r.bytes()?.to_vec();
     let build_id = (r.u64()? == 1).then_some(id);
     let n = usize::try_from(r.u64()?).ok()?;
-    // Each function takes at least 7 words: a count beyond what the file holds is damage.
-    if n > b.len() / 56 {
+    // Each function takes at least 6 words: a count beyond what the file holds is damage.
+    if n > b.len() / 48 {
         return None;
     }
-    let mut functions = Vec::with_capacity(n);
+    // One check of the whole text; each function's spans are then checked to fall on
+    // character boundaries within it.
+    let text = r.text()?.to_string();
+    let mut odd: Vec<(u32, String)> = Vec::new();
+    for _ in 0..r.u64()? {
+        let i = u32::try_from(r.u64()?).ok()?;
+        if odd.last().is_some_and(|l| l.0 >= i) || i as usize >= n {
+            return None;
+        }
+        odd.push((i, r.text()?.to_string()));
+    }
+    let mut funcs = Vec::with_capacity(n);
     let mut verdicts = Vec::with_capacity(n);
     let mut as_is = Vec::with_capacity(n);
     let mut as_is_bytes = Vec::new();
+    let mut at = 0u32;
     for _ in 0..n {
         let address = r.u64()?;
         let size = r.u64()?;
         let flags = r.u64()?;
-        let name = r.text()?;
-        let why = r.text()?;
-        let source = match flags >> 3 {
-            0 => SymSource::Symtab,
-            1 => SymSource::Dynsym,
-            2 => SymSource::EhFrame,
-            3 => SymSource::DebugFile,
-            _ => return None,
-        };
-        functions.push(Function {
-            name: (flags & 4 != 0).then(|| name.to_string()),
-            address,
-            size,
-            entry: flags & 1 != 0,
-            not_entry_why: if why.is_empty() { None } else { Some(static_why(why)?) },
-            source,
-            has_cfi: flags & 2 != 0,
-        });
+        let name_at = at.checked_add((flags >> 8) as u8 as u32)?;
+        let end = name_at.checked_add((flags >> 32) as u32)?;
+        if !text.is_char_boundary(name_at as usize) || !text.is_char_boundary(end as usize) {
+            return None;
+        }
+        funcs.push(Func { address, size, has_cfi: flags & 1 != 0, named: flags & 2 != 0, at, name_at, end });
+        at = end;
         verdicts.push(match r.u64()? {
             0 => {
                 let h = r.u64()?;
@@ -495,13 +607,9 @@ fn decode_analysis(mut r: Reader<'_>) -> Option<Analysis> {
             _ => return None,
         });
     }
-    (r.at == r.b.len()).then_some(Analysis { functions, build_id, verdicts, debug: r.debug, as_is, as_is_bytes, cached: true })
-}
-
-/// The `&'static str` the symbols crate gives for why a piece of code is not an entry, from
-/// its text (a cached one); `None` for a text it does not give.
-fn static_why(why: &str) -> Option<&'static str> {
-    fnscope_symbols::NOT_ENTRY_REASONS.iter().copied().find(|&w| w == why)
+    let whole = at as usize == text.len() && r.at == r.b.len();
+    let names = Names { funcs, text, odd };
+    whole.then_some(Analysis { names, build_id, verdicts, debug: r.debug, as_is, as_is_bytes, cached: true })
 }
 
 /// Prologues that the block encoder moved into slots of one kind in an earlier run of a
@@ -767,6 +875,53 @@ mod tests {
         (0x1300, &[0x48, 0x8d, 0x05, 0xf9, 0xff, 0xff, 0xff]),
         (0x1400, &[0x8d, 0x05, 0xfa, 0xff, 0xff, 0xff]),
     ];
+
+    fn function(name: Option<&str>, address: u64, size: u64) -> Function {
+        Function { name: name.map(str::to_string), address, size, entry: true, not_entry_why: None, source: fnscope_symbols::SymSource::Symtab, has_cfi: address % 2 == 0 }
+    }
+
+    #[test]
+    fn names_and_table_fields_read_back_as_written() {
+        let functions = [
+            function(Some("main"), 0x1040, 35),
+            function(None, 0x2000, 0),
+            function(Some("odd\tname\nhere"), 0x2100, 7),
+            function(Some("_ZN4core3fmt5write17h0123456789abcdefE"), 0x2200, 1234),
+            function(Some("größe"), 0x2301, 9),
+        ];
+        let hook = Hook { relocate_len: 5, form: HookForm::Entry };
+        let verdicts: Vec<Verdict> = (0..functions.len())
+            .map(|i| if i == 1 { Verdict::Skip { reason: skip_reason::TOO_SHORT, detail: "0 bytes".to_string() } } else { Verdict::Hookable(hook) })
+            .collect();
+        let a = Analysis { names: Names::new(&functions), build_id: Some(vec![1, 2]), verdicts, debug: Vec::new(), as_is: Vec::new(), as_is_bytes: Vec::new(), cached: false };
+        let mut file = encode("key", &a);
+        let sum = checksum(&file);
+        put(&mut file, sum);
+        let b = decode_analysis(open(&file, "key").unwrap()).unwrap();
+        assert!(b.cached);
+        assert_eq!(b.count(), functions.len());
+        for (i, f) in functions.iter().enumerate() {
+            assert_eq!((b.address(i), b.size(i), b.has_cfi(i), b.name(i)), (f.address, f.size, f.has_cfi, f.name.as_deref()), "function {i}");
+            assert_eq!(b.fields(i), a.fields(i));
+            assert_eq!(format!("{}{}", b.place(i), b.spelled(i)), b.fields(i));
+        }
+        assert_eq!(b.fields(0), "1040\t35\tmain");
+        assert_eq!(b.spelled(1), "sub_2000");
+        assert_eq!(b.spelled(2), "odd name here");
+        assert_eq!(b.place(4), "2301\t9\t");
+        assert_eq!(b.spelled(4), "größe");
+        assert!(matches!(&b.verdicts[1], Verdict::Skip { detail, .. } if detail == "0 bytes"));
+        // A name length that cuts a character in two is damage, not a name. The last
+        // function's flags word is followed by its verdict's three words and empty bytes.
+        let mut cut = encode("key", &a);
+        let flags_of_last = cut.len() - 4 * 8 - 8;
+        let flags = u64::from_le_bytes(cut[flags_of_last..flags_of_last + 8].try_into().unwrap());
+        assert_eq!(flags >> 32, "größe".len() as u64, "the last function's flags word");
+        cut[flags_of_last..flags_of_last + 8].copy_from_slice(&(flags - (2 << 32)).to_le_bytes());
+        let sum = checksum(&cut);
+        put(&mut cut, sum);
+        assert!(decode_analysis(open(&cut, "key").unwrap()).is_none());
+    }
 
     /// Moves every prologue of a module at `lo` into slots starting `below` bytes under it,
     /// checking each result against the block encoder; returns how many came from the cache.
