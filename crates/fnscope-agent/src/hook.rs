@@ -84,7 +84,7 @@ pub struct Patch {
 }
 
 /// One function to patch, planned.
-struct Planned {
+struct Planned<'a> {
     addr: u64,
     /// Size of the function's code (0 when unknown).
     size: u64,
@@ -92,8 +92,9 @@ struct Planned {
     /// Pre-hook kind (trace slots get their id when built).
     id: u32,
     index: usize,
-    /// The displaced bytes move by copying (see [`crate::plan_cache::Analysis::as_is`]).
-    as_is: bool,
+    /// The displaced bytes as the file has them, when they move by copying (see
+    /// [`crate::plan_cache::Analysis::as_is`]).
+    as_is: Option<&'a [u8]>,
 }
 
 /// A trampoline area: a header holding the stub addresses, then slots.
@@ -394,7 +395,7 @@ fn build_slots(
     // A prologue copied as it is takes its own bytes and a 5-byte jump back: half the room of
     // the worst case of re-encoding, so half the pages to fault in and fill.
     let slot_len = |p: &Planned| {
-        let code = if p.as_is { usize::from(p.hook.relocate_len) + fnscope_x86::JMP_LEN } else { fnscope_x86::max_relocated_len(p.hook.relocate_len.into()) };
+        let code = if p.as_is.is_some() { usize::from(p.hook.relocate_len) + fnscope_x86::JMP_LEN } else { fnscope_x86::max_relocated_len(p.hook.relocate_len.into()) };
         round_up(code_offset + code, 16)
     };
     let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
@@ -443,7 +444,10 @@ fn build_slots(
         // segment.
         let orig = unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.hook.relocate_len.into()) };
         let code = &mut mem[code_offset..];
-        if p.as_is {
+        // Compared here, where the bytes are read for the copy anyway: reading tens of
+        // thousands of functions' first bytes costs a cache miss each, and a page fault for
+        // every sixteen pages.
+        if p.as_is == Some(orig) {
             // The area lies within a 32-bit displacement of the whole module (`alloc_near`).
             let Some(jmp) = fnscope_x86::jmp_rel32(code_at + orig.len() as u64, p.addr + orig.len() as u64) else {
                 failed.push((p.index, "trampoline out of reach".to_string()));
@@ -453,10 +457,13 @@ fn build_slots(
             code[orig.len()..orig.len() + jmp.len()].copy_from_slice(&jmp);
         } else {
             match relocs.relocate(p.addr - lo, orig, p.addr, code_at) {
-                Ok(r) => {
-                    let n = r.len().min(code.len());
-                    code[..n].copy_from_slice(&r[..n]);
+                // A slot sized for a copy is short for some moves: the code in memory is not
+                // the file's (a text relocation, someone else's patch), rarely.
+                Ok(r) if r.len() > code.len() => {
+                    failed.push((p.index, "its code in memory differs from the file's and no longer fits its trampoline".to_string()));
+                    continue;
                 }
+                Ok(r) => code[..r.len()].copy_from_slice(&r),
                 Err(e) => {
                     failed.push((p.index, e.to_string()));
                     continue;
@@ -691,11 +698,7 @@ pub fn plan_module(
             )),
             Verdict::Hookable(hook) => {
                 let addr = obj.bias + inv.address(i);
-                // SAFETY: the bytes the hook displaces, in the module's mapped code: the
-                // analysis found whole instructions there.
-                let code = unsafe { std::slice::from_raw_parts(addr as *const u8, hook.relocate_len.into()) };
-                let as_is = inv.as_is(i) == Some(code);
-                plans.push(Planned { addr, size: inv.size(i), hook: *hook, id: 0, index: i, as_is })
+                plans.push(Planned { addr, size: inv.size(i), hook: *hook, id: 0, index: i, as_is: inv.as_is(i) })
             }
             Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
         }
@@ -766,7 +769,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)], traced: bool) -> Result<usi
     let mut plans = Vec::new();
     for (index, (address, size, hook)) in hooks.into_iter().enumerate() {
         let Some(&(addr, kind)) = targets.iter().find(|t| t.0 - obj.bias == address) else { continue };
-        plans.push(Planned { addr, size, hook, id: kind, index, as_is: false });
+        plans.push(Planned { addr, size, hook, id: kind, index, as_is: None });
     }
     if plans.is_empty() {
         return Ok(0);
