@@ -2,7 +2,9 @@
 
 use crate::stubs::{self, SLOT_CODE_OFFSET, SLOT_ID_OFFSET, SLOT_UNIT_OFFSET};
 use fnscope_abi::skip_reason;
-use fnscope_x86::{Hook, HookForm, ReturnAddress, Stage, Verdict};
+use crate::plan_cache::VerdictRef;
+use fnscope_x86::{Hook, HookForm, ReturnAddress, Stage};
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -649,7 +651,6 @@ pub fn plan_module(
 ) -> Result<ModuleResult, String> {
     let ra = if kind == SlotKind::Trace { ReturnAddress::Replaced } else { ReturnAddress::Kept };
     let inv = crate::plan_cache::analyse(&obj.path, ra)?;
-    let verdicts = &inv.verdicts;
     let midx = table.modules;
     table.modules += 1;
     let build_id = inv.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>());
@@ -661,7 +662,7 @@ pub fn plan_module(
         obj.path.display()
     );
     let mut plans = Vec::new();
-    let mut skips: Vec<(usize, &'static str, String)> = Vec::new();
+    let mut skips: Vec<(usize, &'static str, Cow<'_, str>)> = Vec::new();
     // Timing mode changes return addresses; code its module describes for unwinders everywhere
     // else but not here is someone's generated code, whose runtime may walk it.
     let cfi_elsewhere = kind == SlotKind::Trace && (0..inv.count()).any(|i| inv.has_cfi(i));
@@ -675,32 +676,32 @@ pub fn plan_module(
     let v8 = kind == SlotKind::Trace && (0..inv.count()).any(|i| inv.name(i).is_some_and(|n| n.starts_with("_ZN2v88internal")));
     let filter = filters.for_module(&obj.path);
     let keep_all = filter.keeps_all();
-    for (i, v) in verdicts.iter().enumerate() {
-        match v {
-            Verdict::Hookable(_) if !keep_all && !filter.keeps(inv.name(i), inv.address(i)) => {
-                skips.push((i, skip_reason::FILTERED, "left out by --filter/--exclude".to_string()))
+    for i in 0..inv.count() {
+        match inv.verdict(i) {
+            VerdictRef::Hookable(_) if !keep_all && !filter.keeps(inv.name(i), inv.address(i)) => {
+                skips.push((i, skip_reason::FILTERED, "left out by --filter/--exclude".into()))
             }
-            Verdict::Hookable(_) if walker.is_some() => {
-                skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().to_string()))
+            VerdictRef::Hookable(_) if walker.is_some() => {
+                skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().into()))
             }
-            Verdict::Hookable(_) if v8 && called_by_v8_generated_code(&crate::filter::display_name(inv.name(i), inv.address(i))) => skips.push((
+            VerdictRef::Hookable(_) if v8 && called_by_v8_generated_code(&crate::filter::display_name(inv.name(i), inv.address(i))) => skips.push((
                 i,
                 skip_reason::STACK_WALKER,
-                "called from V8's generated code, whose stack walker reads this return address".to_string(),
+                "called from V8's generated code, whose stack walker reads this return address".into(),
             )),
-            Verdict::Hookable(_) if exclude.contains(&(obj.bias + inv.address(i))) => {
-                skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".to_string()))
+            VerdictRef::Hookable(_) if exclude.contains(&(obj.bias + inv.address(i))) => {
+                skips.push((i, skip_reason::DENYLIST, "unwinder hook of fnscope".into()))
             }
-            Verdict::Hookable(_) if cfi_elsewhere && !inv.has_cfi(i) => skips.push((
+            VerdictRef::Hookable(_) if cfi_elsewhere && !inv.has_cfi(i) => skips.push((
                 i,
                 skip_reason::NO_CFI,
-                "no call frame information (generated or hand-written code): count mode hooks it".to_string(),
+                "no call frame information (generated or hand-written code): count mode hooks it".into(),
             )),
-            Verdict::Hookable(hook) => {
+            VerdictRef::Hookable(hook) => {
                 let addr = obj.bias + inv.address(i);
-                plans.push(Planned { addr, size: inv.size(i), hook: *hook, id: 0, index: i, as_is: inv.as_is(i) })
+                plans.push(Planned { addr, size: inv.size(i), hook, id: 0, index: i, as_is: inv.as_is(i) })
             }
-            Verdict::Skip { reason, detail } => skips.push((i, reason, detail.clone())),
+            VerdictRef::Skip(reason, detail) => skips.push((i, reason, detail.into())),
         }
     }
     // A function whose island lies in a neighbour's first bytes needs that neighbour hooked.
@@ -711,12 +712,12 @@ pub fn plan_module(
             return true;
         }
         let (reason, why) = match &skips.iter().find(|s| s.0 == donor) {
-            Some((_, reason, detail)) => (*reason, detail.as_str()),
+            Some((_, reason, detail)) => (*reason, &**detail),
             None => ("", ""),
         };
         let own = if inv.size(p.index) < fnscope_x86::JMP_LEN as u64 { skip_reason::TOO_SHORT } else { skip_reason::BRANCH_INTO_PATCH };
         let detail = format!("its island would lie in {}, which is not hooked ({reason}: {why})", inv.spelled(donor));
-        skips.push((p.index, own, detail));
+        skips.push((p.index, own, detail.into()));
         false
     });
     let mut descs = if kind == SlotKind::Trace {
@@ -730,7 +731,7 @@ pub fn plan_module(
     relocs.finish();
     table.text.push_str(&built.args_lines);
     for (i, why) in built.failed {
-        skips.push((i, skip_reason::UNRELOCATABLE, why));
+        skips.push((i, skip_reason::UNRELOCATABLE, why.into()));
     }
     let out = &mut table.text;
     out.reserve(built.ids.len() * 48 + skips.len() * 96);

@@ -25,145 +25,209 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 /// What [`analyse`] returns: the module's functions, its build-id and a verdict per function.
+///
+/// It is the cache file itself, read whole and checked once, its fields then read in place:
+/// decoding tens of thousands of functions into vectors and strings (and the page faults of
+/// that fresh memory) took a sixth of a warm start-up. A first analysis is encoded into the
+/// same bytes, so there is one form. Every offset the accessors follow was checked by
+/// [`Analysis::parse`].
 pub struct Analysis {
-    /// The functions, as `fnscope_symbols` lists them.
-    names: Names,
+    /// A cache file: header, body, checksum.
+    bytes: Vec<u8>,
+    /// Where the functions' records start, [`RECORD`] bytes each.
+    records: usize,
+    /// How many functions there are.
+    count: usize,
+    /// Where the table text, the skip details and the displaced bytes are in `bytes`.
+    text: (usize, usize),
+    details: (usize, usize),
+    as_is: (usize, usize),
+    /// The raw names that the table spells otherwise (with a tab or line feed), by function.
+    odd: Vec<(u32, String)>,
     /// The module's GNU build-id.
     pub build_id: Option<Vec<u8>>,
-    /// One per function.
-    pub verdicts: Vec<Verdict>,
     /// The debug files the names came from, with their stamps (see [`debug_files`]).
     debug: Vec<(PathBuf, Option<[u64; 5]>)>,
-    /// Per function: where in `as_is_bytes` the bytes its hook displaces are, if they move by
-    /// copying (see [`Analysis::as_is`]); empty otherwise.
-    as_is: Vec<(u32, u8)>,
-    /// See `as_is`.
-    as_is_bytes: Vec<u8>,
     /// Whether it came from the cache.
     pub cached: bool,
 }
 
-/// A module's functions with their image-table fields already spelled out: the table has a
-/// line for each of tens of thousands of functions, and formatting those lines, with a string
-/// allocated per name when the analysis was read back, took a quarter of a warm start-up.
-#[derive(Clone)]
-struct Names {
-    funcs: Vec<Func>,
-    /// Each function's table fields, one after the other: its address (hex), a tab, its size,
-    /// a tab, and its name as the table spells it (see [`Analysis::fields`]).
-    text: String,
-    /// The raw names that the table spells otherwise (with a tab or line feed), by function.
-    odd: Vec<(u32, String)>,
-}
+/// Bytes per function in a cache file: address (8), size (8), offset of its table fields in
+/// the text (4) and of their end (4), flags (1: [`HAS_CFI`], [`NAMED`], [`SKIP`]), the length
+/// of the fields before the name (1), relocate length or skip reason (1), hook form (1),
+/// island offset (2), two bytes unused, donor or skip detail offset (4), displaced bytes or
+/// skip detail length (4).
+const RECORD: usize = 40;
+const HAS_CFI: u8 = 1;
+const NAMED: u8 = 2;
+const SKIP: u8 = 4;
 
-/// One function of [`Names`].
-#[derive(Clone, Copy)]
-struct Func {
-    address: u64,
-    size: u64,
-    has_cfi: bool,
-    named: bool,
-    /// Where its fields, its name and the next function's fields start in `text`.
-    at: u32,
-    name_at: u32,
-    end: u32,
-}
-
-impl Names {
-    fn new(functions: &[Function]) -> Names {
-        let mut text = String::with_capacity(48 * functions.len());
-        let mut funcs = Vec::with_capacity(functions.len());
-        let mut odd = Vec::new();
-        for (i, f) in functions.iter().enumerate() {
-            let at = text.len() as u32;
-            crate::hook::push_number::<16>(&mut text, f.address);
-            text.push('\t');
-            crate::hook::push_number::<10>(&mut text, f.size);
-            text.push('\t');
-            let name_at = text.len() as u32;
-            match &f.name {
-                Some(n) if n.contains(['\t', '\n']) => {
-                    text.push_str(&n.replace(['\t', '\n'], " "));
-                    odd.push((i as u32, n.clone()));
-                }
-                Some(n) => text.push_str(n),
-                None => {
-                    text.push_str("sub_");
-                    crate::hook::push_number::<16>(&mut text, f.address);
-                }
-            }
-            funcs.push(Func { address: f.address, size: f.size, has_cfi: f.has_cfi, named: f.name.is_some(), at, name_at, end: text.len() as u32 });
-        }
-        Names { funcs, text, odd }
-    }
-
-    fn span(&self, from: u32, to: u32) -> &str {
-        // Every span is on character boundaries: made so, or checked when read back.
-        self.text.get(from as usize..to as usize).unwrap_or_default()
-    }
+/// A function's verdict as [`Analysis::verdict`] reads it.
+pub enum VerdictRef<'a> {
+    /// See [`Verdict::Hookable`].
+    Hookable(Hook),
+    /// See [`Verdict::Skip`]: the reason and details.
+    Skip(&'static str, &'a str),
 }
 
 impl Analysis {
-    /// The bytes the hook of function `i` displaces, as the file has them, when they run
-    /// unchanged at any address and fall through ([`fnscope_x86::moves_as_is`]): a slot then
-    /// takes a copy and a jump back, with no decoding, if the code in memory is the same.
-    pub fn as_is(&self, i: usize) -> Option<&[u8]> {
-        let &(at, len) = self.as_is.get(i)?;
-        (len > 0).then(|| self.as_is_bytes.get(at as usize..at as usize + usize::from(len))).flatten()
+    fn record(&self, i: usize) -> &[u8] {
+        &self.bytes[self.records + RECORD * i..self.records + RECORD * (i + 1)]
+    }
+
+    fn word<const N: usize>(&self, i: usize, at: usize) -> [u8; N] {
+        let mut w = [0u8; N];
+        w.copy_from_slice(&self.record(i)[at..at + N]);
+        w
+    }
+
+    fn u32_at(&self, i: usize, at: usize) -> usize {
+        u32::from_le_bytes(self.word(i, at)) as usize
+    }
+
+    /// `len` bytes at `at` of the text that `range` spans.
+    fn span(&self, range: (usize, usize), at: usize, len: usize) -> &str {
+        let b = &self.bytes[range.0 + at..range.0 + at + len];
+        // SAFETY: `parse` checked that the text in `range` is UTF-8 and that every span an
+        // accessor takes of it starts and ends on a character boundary.
+        unsafe { std::str::from_utf8_unchecked(b) }
     }
 
     /// How many functions there are.
     pub fn count(&self) -> usize {
-        self.names.funcs.len()
+        self.count
     }
 
     /// Function `i`'s link-time address.
     pub fn address(&self, i: usize) -> u64 {
-        self.names.funcs[i].address
+        u64::from_le_bytes(self.word(i, 0))
     }
 
     /// Function `i`'s size in bytes (0 if unknown).
     pub fn size(&self, i: usize) -> u64 {
-        self.names.funcs[i].size
+        u64::from_le_bytes(self.word(i, 8))
+    }
+
+    fn flags(&self, i: usize) -> u8 {
+        self.record(i)[24]
     }
 
     /// Whether `.eh_frame` describes function `i`.
     pub fn has_cfi(&self, i: usize) -> bool {
-        self.names.funcs[i].has_cfi
+        self.flags(i) & HAS_CFI != 0
     }
 
     /// Function `i`'s raw (mangled) name; `None` for a piece of code known only from
     /// `.eh_frame`.
     pub fn name(&self, i: usize) -> Option<&str> {
-        let f = &self.names.funcs[i];
-        if !f.named {
+        if self.flags(i) & NAMED == 0 {
             return None;
         }
-        match self.names.odd.binary_search_by_key(&(i as u32), |o| o.0) {
-            Ok(k) => Some(&self.names.odd[k].1),
-            Err(_) => Some(self.names.span(f.name_at, f.end)),
+        match self.odd.binary_search_by_key(&(i as u32), |o| o.0) {
+            Ok(k) => Some(&self.odd[k].1),
+            Err(_) => Some(self.spelled(i)),
         }
     }
 
     /// Function `i`'s image-table fields: address (hex), tab, size, tab, name as the table
     /// spells it (tabs and line feeds made spaces, `sub_<address>` for no name).
     pub fn fields(&self, i: usize) -> &str {
-        let f = &self.names.funcs[i];
-        self.names.span(f.at, f.end)
+        let at = self.u32_at(i, 16);
+        self.span(self.text, at, self.u32_at(i, 20) - at)
     }
 
     /// The start of [`Analysis::fields`]: address, tab, size, tab.
     pub fn place(&self, i: usize) -> &str {
-        let f = &self.names.funcs[i];
-        self.names.span(f.at, f.name_at)
+        self.span(self.text, self.u32_at(i, 16), usize::from(self.record(i)[25]))
     }
 
     /// The end of [`Analysis::fields`]: the name as the table spells it.
     pub fn spelled(&self, i: usize) -> &str {
-        let f = &self.names.funcs[i];
-        self.names.span(f.name_at, f.end)
+        let name_at = self.u32_at(i, 16) + usize::from(self.record(i)[25]);
+        self.span(self.text, name_at, self.u32_at(i, 20) - name_at)
+    }
+
+    /// Function `i`'s verdict.
+    pub fn verdict(&self, i: usize) -> VerdictRef<'_> {
+        let r = self.record(i);
+        if r[24] & SKIP != 0 {
+            let detail = self.span(self.details, self.u32_at(i, 32), self.u32_at(i, 36));
+            return VerdictRef::Skip(REASONS[usize::from(r[26])], detail);
+        }
+        let island_offset = i16::from_le_bytes(self.word(i, 28));
+        let form = match r[27] {
+            0 => HookForm::Entry,
+            1 => HookForm::Padding,
+            2 => HookForm::Island { island_offset },
+            _ => HookForm::Borrowed { island_offset, donor: self.u32_at(i, 32) },
+        };
+        VerdictRef::Hookable(Hook { relocate_len: r[26], form })
+    }
+
+    /// The bytes the hook of function `i` displaces, as the file has them, when they run
+    /// unchanged at any address and fall through ([`fnscope_x86::moves_as_is`]): a slot then
+    /// takes a copy and a jump back, with no decoding, if the code in memory is the same.
+    pub fn as_is(&self, i: usize) -> Option<&[u8]> {
+        let r = self.record(i);
+        if r[24] & SKIP != 0 || r[24] & AS_IS == 0 {
+            return None;
+        }
+        let at = self.as_is.0 + self.u32_at(i, 36);
+        Some(&self.bytes[at..at + usize::from(r[26])])
+    }
+
+    /// The analysis in cache file `bytes` for `key`, if the file is whole, of this version, for
+    /// `key`, its debug files as they were, and every offset in it within bounds.
+    fn parse(bytes: Vec<u8>, key: &str, cached: bool) -> Option<Analysis> {
+        let base = bytes.as_ptr() as usize;
+        let mut r = open(&bytes, key)?;
+        let range = |b: &[u8]| (b.as_ptr() as usize - base, b.as_ptr() as usize - base + b.len());
+        let id = r.bytes()?.to_vec();
+        let build_id = (r.u64()? == 1).then_some(id);
+        let count = usize::try_from(r.u64()?).ok()?;
+        let text_str = r.text()?;
+        let text = range(text_str.as_bytes());
+        let details_str = r.text()?;
+        let details = range(details_str.as_bytes());
+        let as_is_bytes = r.bytes()?;
+        let as_is = range(as_is_bytes);
+        let mut odd: Vec<(u32, String)> = Vec::new();
+        for _ in 0..r.u64()? {
+            let i = u32::try_from(r.u64()?).ok()?;
+            if odd.last().is_some_and(|l| l.0 >= i) || i as usize >= count {
+                return None;
+            }
+            odd.push((i, r.text()?.to_string()));
+        }
+        let records = r.bytes()?;
+        if records.len() != count.checked_mul(RECORD)? || r.at != r.b.len() {
+            return None;
+        }
+        let records = range(records).0;
+        let debug = r.debug;
+        let within = |s: &str, at: usize, len: usize| at.checked_add(len).is_some_and(|end| s.is_char_boundary(at) && s.is_char_boundary(end));
+        for rec in bytes[records..records + count * RECORD].chunks_exact(RECORD) {
+            let word = |at: usize| u32::from_le_bytes([rec[at], rec[at + 1], rec[at + 2], rec[at + 3]]) as usize;
+            let (at, end, flags, place) = (word(16), word(20), rec[24], usize::from(rec[25]));
+            if end < at + place || !within(text_str, at, place) || !within(text_str, at, end - at) {
+                return None;
+            }
+            let good = if flags & SKIP != 0 {
+                usize::from(rec[26]) < REASONS.len() && within(details_str, word(32), word(36))
+            } else {
+                let as_is_end = word(36) + usize::from(rec[26]);
+                rec[27] <= 3 && (rec[27] != 3 || word(32) < count) && (flags & AS_IS == 0 || as_is_end <= as_is_bytes.len())
+            };
+            if !good {
+                return None;
+            }
+        }
+        Some(Analysis { records, count, text, details, as_is, odd, build_id, debug, cached, bytes })
     }
 }
+
+/// A flag of a record: the displaced bytes move as they are (see [`Analysis::as_is`]).
+const AS_IS: u8 = 8;
 
 /// [`Analysis::as_is`] of each function given its verdict.
 fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict]) -> (Vec<(u32, u8)>, Vec<u8>) {
@@ -223,7 +287,7 @@ pub fn analyse(path: &Path, ra: ReturnAddress) -> Result<Analysis, String> {
     }
     let key = cache_key(path, &format!("{ra:?}"));
     if let Some((file, key)) = &key {
-        if let Some(a) = read_cached(file, key, decode_analysis) {
+        if let Some(a) = crate::sys::read_file(file).ok().and_then(|b| Analysis::parse(b, key, true)) {
             return Ok(a);
         }
     }
@@ -245,7 +309,7 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
     let a = match take_spare(path, ReturnAddress::Kept) {
         Some(a) => a,
         None => match cache_key(path, &format!("{:?}", ReturnAddress::Kept)) {
-            Some((file, k)) if !traced => match read_cached(&file, &k, decode_analysis) {
+            Some((file, k)) if !traced => match crate::sys::read_file(&file).ok().and_then(|b| Analysis::parse(b, &k, true)) {
                 Some(a) => a,
                 None => analyse_file(path, ReturnAddress::Kept, false)?,
             },
@@ -254,8 +318,8 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
     };
     let mut entries = Vec::new();
     for &addr in addresses {
-        let Some(i) = a.names.funcs.iter().position(|f| f.address == addr) else { continue };
-        if let Verdict::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = a.verdicts[i] {
+        let Some(i) = (0..a.count()).find(|&i| a.address(i) == addr) else { continue };
+        if let VerdictRef::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = a.verdict(i) {
             entries.push((addr, a.size(i), hook));
         }
     }
@@ -267,7 +331,7 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
             put(&mut o, *size);
             put(&mut o, u64::from(hook.relocate_len));
         }
-        store(file, o);
+        store(file, &seal(o));
     }
     Ok(entries)
 }
@@ -298,13 +362,18 @@ fn read_cached<T>(file: &Path, key: &str, decode: impl FnOnce(Reader<'_>) -> Opt
     decode(open(&b, key)?)
 }
 
-/// Writes a cache file whole (under a temporary name, then renamed), with its checksum.
-fn store(file: &Path, mut o: Vec<u8>) {
+/// `o` with its checksum.
+fn seal(mut o: Vec<u8>) -> Vec<u8> {
     let sum = checksum(&o);
     put(&mut o, sum);
+    o
+}
+
+/// Writes a cache file whole (sealed), under a temporary name, then renamed.
+fn store(file: &Path, o: &[u8]) {
     let tmp = file.with_extension(format!("tmp{}", crate::sys::getpid()));
     // A cache that cannot be written costs the next start-up the analysis, nothing more.
-    if crate::sys::write_file(&tmp, &o).is_ok() && crate::sys::rename(&tmp, file).is_err() {
+    if crate::sys::write_file(&tmp, o).is_ok() && crate::sys::rename(&tmp, file).is_err() {
         crate::sys::unlink(&tmp);
     }
 }
@@ -334,23 +403,18 @@ fn analyse_file(path: &Path, ra: ReturnAddress, both: bool) -> Result<Analysis, 
         let (as_is, as_is_bytes) = as_is_of(&inv, &data, &v);
         (v, as_is, as_is_bytes)
     });
-    let a = Analysis { names: Names::new(&inv.functions), build_id: inv.build_id, verdicts, debug, as_is, as_is_bytes, cached: false };
-    if let Some((file, key)) = cache_key(path, &format!("{ra:?}")) {
-        store(&file, encode(&key, &a));
-    }
-    if let Some((verdicts, as_is, as_is_bytes)) = spare {
-        let s = Analysis {
-            names: a.names.clone(),
-            build_id: a.build_id.clone(),
-            verdicts,
-            debug: a.debug.clone(),
-            as_is,
-            as_is_bytes,
-            cached: false,
-        };
-        if let Some((file, key)) = cache_key(path, &format!("{other:?}")) {
-            store(&file, encode(&key, &s));
+    let keep = |mode: ReturnAddress, verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)| {
+        let key = cache_key(path, &format!("{mode:?}"));
+        let k = key.as_ref().map_or("", |(_, k)| k.as_str());
+        let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, verdicts, as_is));
+        if let Some((file, _)) = &key {
+            store(file, &o);
         }
+        Analysis::parse(o, k, false).ok_or_else(|| format!("{}: the analysis does not read back (a bug of fnscope)", path.display()))
+    };
+    let a = keep(ra, &verdicts, &(as_is, as_is_bytes))?;
+    if let Some((verdicts, as_is, as_is_bytes)) = spare {
+        let s = keep(other, &verdicts, &(as_is, as_is_bytes))?;
         *SPARE.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), other, s));
     }
     Ok(a)
@@ -435,43 +499,79 @@ fn header(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)]) -> Vec<u8> {
     o
 }
 
-fn encode(key: &str, a: &Analysis) -> Vec<u8> {
-    let mut o = header(key, &a.debug);
-    o.reserve(a.names.text.len() + 64 * a.count());
-    put_bytes(&mut o, a.build_id.as_deref().unwrap_or_default());
-    put(&mut o, u64::from(a.build_id.is_some()));
-    put(&mut o, a.count() as u64);
-    put_bytes(&mut o, a.names.text.as_bytes());
-    put(&mut o, a.names.odd.len() as u64);
-    for (i, name) in &a.names.odd {
-        put(&mut o, u64::from(*i));
-        put_bytes(&mut o, name.as_bytes());
-    }
-    for (i, (f, v)) in a.names.funcs.iter().zip(&a.verdicts).enumerate() {
-        put(&mut o, f.address);
-        put(&mut o, f.size);
-        // The fields follow one another in the text: their place and name lengths say where.
-        put(&mut o, u64::from(f.has_cfi) | u64::from(f.named) << 1 | u64::from(f.name_at - f.at) << 8 | u64::from(f.end - f.name_at) << 32);
+/// The cache file of a first analysis (without its checksum): the functions' table text, skip
+/// details and displaced bytes, then a [`RECORD`] per function pointing into them.
+fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u8]>, functions: &[Function], verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)) -> Vec<u8> {
+    let mut text = String::with_capacity(48 * functions.len());
+    let mut details = String::new();
+    let mut odd = Vec::new();
+    let mut records = Vec::with_capacity(RECORD * functions.len());
+    for (i, (f, v)) in functions.iter().zip(verdicts).enumerate() {
+        let at = text.len() as u32;
+        crate::hook::push_number::<16>(&mut text, f.address);
+        text.push('\t');
+        crate::hook::push_number::<10>(&mut text, f.size);
+        text.push('\t');
+        let place = text.len() as u32 - at;
+        match &f.name {
+            Some(n) if n.contains(['\t', '\n']) => {
+                text.push_str(&n.replace(['\t', '\n'], " "));
+                odd.push((i as u64, n.as_str()));
+            }
+            Some(n) => text.push_str(n),
+            None => {
+                text.push_str("sub_");
+                crate::hook::push_number::<16>(&mut text, f.address);
+            }
+        }
+        let mut r = [0u8; RECORD];
+        r[0..8].copy_from_slice(&f.address.to_le_bytes());
+        r[8..16].copy_from_slice(&f.size.to_le_bytes());
+        r[16..20].copy_from_slice(&at.to_le_bytes());
+        r[20..24].copy_from_slice(&(text.len() as u32).to_le_bytes());
+        r[24] = if f.has_cfi { HAS_CFI } else { 0 } | if f.name.is_some() { NAMED } else { 0 };
+        r[25] = place as u8;
         match v {
             Verdict::Hookable(h) => {
                 let (form, island, donor) = match h.form {
                     HookForm::Entry => (0, 0, 0),
                     HookForm::Padding => (1, 0, 0),
                     HookForm::Island { island_offset } => (2, island_offset, 0),
-                    HookForm::Borrowed { island_offset, donor } => (3, island_offset, donor as u64),
+                    HookForm::Borrowed { island_offset, donor } => (3, island_offset, donor as u32),
                 };
-                put(&mut o, 0);
-                put(&mut o, u64::from(h.relocate_len) | form << 8 | u64::from(island as u16) << 16);
-                put(&mut o, donor);
-                put_bytes(&mut o, a.as_is(i).unwrap_or_default());
+                r[26] = h.relocate_len;
+                r[27] = form;
+                r[28..30].copy_from_slice(&island.to_le_bytes());
+                r[32..36].copy_from_slice(&donor.to_le_bytes());
+                if let Some(&(at, _)) = as_is.0.get(i).filter(|a| a.1 > 0 && a.1 == h.relocate_len) {
+                    r[24] |= AS_IS;
+                    r[36..40].copy_from_slice(&at.to_le_bytes());
+                }
             }
             Verdict::Skip { reason, detail } => {
-                put(&mut o, 1);
-                put_bytes(&mut o, reason.as_bytes());
-                put_bytes(&mut o, detail.as_bytes());
+                r[24] |= SKIP;
+                r[26] = REASONS.iter().position(|c| c == reason).unwrap_or(0) as u8;
+                r[32..36].copy_from_slice(&(details.len() as u32).to_le_bytes());
+                r[36..40].copy_from_slice(&(detail.len() as u32).to_le_bytes());
+                details.push_str(detail);
             }
         }
+        records.extend_from_slice(&r);
     }
+    let mut o = header(key, debug);
+    o.reserve(text.len() + details.len() + as_is.1.len() + records.len() + 64);
+    put_bytes(&mut o, build_id.unwrap_or_default());
+    put(&mut o, u64::from(build_id.is_some()));
+    put(&mut o, functions.len() as u64);
+    put_bytes(&mut o, text.as_bytes());
+    put_bytes(&mut o, details.as_bytes());
+    put_bytes(&mut o, &as_is.1);
+    put(&mut o, odd.len() as u64);
+    for (i, name) in odd {
+        put(&mut o, i);
+        put_bytes(&mut o, name.as_bytes());
+    }
+    put_bytes(&mut o, &records);
     o
 }
 
@@ -539,77 +639,6 @@ fn decode_entries(mut r: Reader<'_>) -> Option<Vec<(u64, u64, Hook)>> {
         v.push((addr, size, Hook { relocate_len, form: HookForm::Entry }));
     }
     (r.at == r.b.len()).then_some(v)
-}
-
-/// The cached analysis.
-fn decode_analysis(mut r: Reader<'_>) -> Option<Analysis> {
-    let b = r.b;
-    let id = r.bytes()?.to_vec();
-    let build_id = (r.u64()? == 1).then_some(id);
-    let n = usize::try_from(r.u64()?).ok()?;
-    // Each function takes at least 6 words: a count beyond what the file holds is damage.
-    if n > b.len() / 48 {
-        return None;
-    }
-    // One check of the whole text; each function's spans are then checked to fall on
-    // character boundaries within it.
-    let text = r.text()?.to_string();
-    let mut odd: Vec<(u32, String)> = Vec::new();
-    for _ in 0..r.u64()? {
-        let i = u32::try_from(r.u64()?).ok()?;
-        if odd.last().is_some_and(|l| l.0 >= i) || i as usize >= n {
-            return None;
-        }
-        odd.push((i, r.text()?.to_string()));
-    }
-    let mut funcs = Vec::with_capacity(n);
-    let mut verdicts = Vec::with_capacity(n);
-    let mut as_is = Vec::with_capacity(n);
-    let mut as_is_bytes = Vec::new();
-    let mut at = 0u32;
-    for _ in 0..n {
-        let address = r.u64()?;
-        let size = r.u64()?;
-        let flags = r.u64()?;
-        let name_at = at.checked_add((flags >> 8) as u8 as u32)?;
-        let end = name_at.checked_add((flags >> 32) as u32)?;
-        if !text.is_char_boundary(name_at as usize) || !text.is_char_boundary(end as usize) {
-            return None;
-        }
-        funcs.push(Func { address, size, has_cfi: flags & 1 != 0, named: flags & 2 != 0, at, name_at, end });
-        at = end;
-        verdicts.push(match r.u64()? {
-            0 => {
-                let h = r.u64()?;
-                let donor = usize::try_from(r.u64()?).ok()?;
-                let island_offset = (h >> 16) as u16 as i16;
-                let form = match (h >> 8) & 0xff {
-                    0 => HookForm::Entry,
-                    1 => HookForm::Padding,
-                    2 => HookForm::Island { island_offset },
-                    3 if donor < n => HookForm::Borrowed { island_offset, donor },
-                    _ => return None,
-                };
-                let code = r.bytes()?;
-                if !code.is_empty() && code.len() != usize::from(h as u8) {
-                    return None;
-                }
-                as_is.push((as_is_bytes.len() as u32, code.len() as u8));
-                as_is_bytes.extend_from_slice(code);
-                Verdict::Hookable(Hook { relocate_len: h as u8, form })
-            }
-            1 => {
-                as_is.push((0, 0));
-                let reason = r.text()?;
-                let reason = *REASONS.iter().find(|&&c| c == reason)?;
-                Verdict::Skip { reason, detail: r.text()?.to_string() }
-            }
-            _ => return None,
-        });
-    }
-    let whole = at as usize == text.len() && r.at == r.b.len();
-    let names = Names { funcs, text, odd };
-    whole.then_some(Analysis { names, build_id, verdicts, debug: r.debug, as_is, as_is_bytes, cached: true })
 }
 
 /// Prologues that the block encoder moved into slots of one kind in an earlier run of a
@@ -738,7 +767,7 @@ impl Relocations {
             put(&mut o, u64::from(m.known) | counts.iter().enumerate().map(|(k, &n)| u64::from(n) << (8 * (k + 1))).sum::<u64>());
             put_bytes(&mut o, b);
         }
-        store(file, o);
+        store(file, &seal(o));
     }
 }
 
@@ -877,11 +906,11 @@ mod tests {
     ];
 
     fn function(name: Option<&str>, address: u64, size: u64) -> Function {
-        Function { name: name.map(str::to_string), address, size, entry: true, not_entry_why: None, source: fnscope_symbols::SymSource::Symtab, has_cfi: address % 2 == 0 }
+        Function { name: name.map(str::to_string), address, size, entry: true, not_entry_why: None, source: fnscope_symbols::SymSource::Symtab, has_cfi: address.is_multiple_of(2) }
     }
 
     #[test]
-    fn names_and_table_fields_read_back_as_written() {
+    fn an_analysis_reads_back_as_written_and_damage_is_refused() {
         let functions = [
             function(Some("main"), 0x1040, 35),
             function(None, 0x2000, 0),
@@ -889,38 +918,51 @@ mod tests {
             function(Some("_ZN4core3fmt5write17h0123456789abcdefE"), 0x2200, 1234),
             function(Some("größe"), 0x2301, 9),
         ];
-        let hook = Hook { relocate_len: 5, form: HookForm::Entry };
-        let verdicts: Vec<Verdict> = (0..functions.len())
-            .map(|i| if i == 1 { Verdict::Skip { reason: skip_reason::TOO_SHORT, detail: "0 bytes".to_string() } } else { Verdict::Hookable(hook) })
-            .collect();
-        let a = Analysis { names: Names::new(&functions), build_id: Some(vec![1, 2]), verdicts, debug: Vec::new(), as_is: Vec::new(), as_is_bytes: Vec::new(), cached: false };
-        let mut file = encode("key", &a);
-        let sum = checksum(&file);
-        put(&mut file, sum);
-        let b = decode_analysis(open(&file, "key").unwrap()).unwrap();
-        assert!(b.cached);
-        assert_eq!(b.count(), functions.len());
+        let verdicts = [
+            Verdict::Hookable(Hook { relocate_len: 5, form: HookForm::Entry }),
+            Verdict::Skip { reason: skip_reason::TOO_SHORT, detail: "0 bytes, ünder".to_string() },
+            Verdict::Hookable(Hook { relocate_len: 6, form: HookForm::Island { island_offset: -12 } }),
+            Verdict::Hookable(Hook { relocate_len: 7, form: HookForm::Borrowed { island_offset: 40, donor: 2 } }),
+            Verdict::Skip { reason: skip_reason::NO_CFI, detail: String::new() },
+        ];
+        let as_is = (vec![(0, 5), (0, 0), (0, 0), (5, 7), (0, 0)], vec![0x55, 0x48, 0x89, 0xe5, 0x90, 1, 2, 3, 4, 5, 6, 7]);
+        let file = seal(encode("key", &[], Some(&[1, 2]), &functions, &verdicts, &as_is));
+        let a = Analysis::parse(file.clone(), "key", true).unwrap();
+        assert!(a.cached);
+        assert_eq!((a.count(), a.build_id.as_deref()), (functions.len(), Some(&[1u8, 2][..])));
         for (i, f) in functions.iter().enumerate() {
-            assert_eq!((b.address(i), b.size(i), b.has_cfi(i), b.name(i)), (f.address, f.size, f.has_cfi, f.name.as_deref()), "function {i}");
-            assert_eq!(b.fields(i), a.fields(i));
-            assert_eq!(format!("{}{}", b.place(i), b.spelled(i)), b.fields(i));
+            assert_eq!((a.address(i), a.size(i), a.has_cfi(i), a.name(i)), (f.address, f.size, f.has_cfi, f.name.as_deref()), "function {i}");
+            assert_eq!(format!("{}{}", a.place(i), a.spelled(i)), a.fields(i));
+            let same = match (a.verdict(i), &verdicts[i]) {
+                (VerdictRef::Hookable(h), Verdict::Hookable(w)) => h == *w,
+                (VerdictRef::Skip(r, d), Verdict::Skip { reason, detail }) => r == *reason && d == detail,
+                _ => false,
+            };
+            assert!(same, "verdict of function {i}");
         }
-        assert_eq!(b.fields(0), "1040\t35\tmain");
-        assert_eq!(b.spelled(1), "sub_2000");
-        assert_eq!(b.spelled(2), "odd name here");
-        assert_eq!(b.place(4), "2301\t9\t");
-        assert_eq!(b.spelled(4), "größe");
-        assert!(matches!(&b.verdicts[1], Verdict::Skip { detail, .. } if detail == "0 bytes"));
-        // A name length that cuts a character in two is damage, not a name. The last
-        // function's flags word is followed by its verdict's three words and empty bytes.
-        let mut cut = encode("key", &a);
-        let flags_of_last = cut.len() - 4 * 8 - 8;
-        let flags = u64::from_le_bytes(cut[flags_of_last..flags_of_last + 8].try_into().unwrap());
-        assert_eq!(flags >> 32, "größe".len() as u64, "the last function's flags word");
-        cut[flags_of_last..flags_of_last + 8].copy_from_slice(&(flags - (2 << 32)).to_le_bytes());
-        let sum = checksum(&cut);
-        put(&mut cut, sum);
-        assert!(decode_analysis(open(&cut, "key").unwrap()).is_none());
+        assert_eq!(a.fields(0), "1040\t35\tmain");
+        assert_eq!(a.spelled(1), "sub_2000");
+        assert_eq!(a.spelled(2), "odd name here");
+        assert_eq!((a.place(4), a.spelled(4)), ("2301\t9\t", "größe"));
+        assert_eq!(a.as_is(0), Some(&[0x55, 0x48, 0x89, 0xe5, 0x90][..]));
+        assert_eq!(a.as_is(3), Some(&[1, 2, 3, 4, 5, 6, 7][..]));
+        assert_eq!((a.as_is(1), a.as_is(2)), (None, None));
+        assert!(Analysis::parse(file.clone(), "another key", true).is_none());
+        // Damage under a good checksum: the last record's text end cut into "ß", a reason
+        // out of range, a donor beyond the functions, displaced bytes beyond their blob.
+        let last = file.len() - 8 - RECORD;
+        let end = u32::from_le_bytes(file[last + 20..last + 24].try_into().unwrap());
+        let damaged = |at: usize, bytes: &[u8]| {
+            let mut d = file[..file.len() - 8].to_vec();
+            d[at..at + bytes.len()].copy_from_slice(bytes);
+            Analysis::parse(seal(d), "key", true).is_none()
+        };
+        assert!(damaged(last + 20, &(end - 2).to_le_bytes()), "a name cut in a character");
+        assert!(damaged(last + 20, &(end + 1).to_le_bytes()), "a name past the text");
+        assert!(damaged(last + 26, &[REASONS.len() as u8]), "an unknown reason");
+        let third = last - RECORD;
+        assert!(damaged(third + 32, &9u32.to_le_bytes()), "a donor beyond the functions");
+        assert!(damaged(third + 36, &6u32.to_le_bytes()), "displaced bytes past their blob");
     }
 
     /// Moves every prologue of a module at `lo` into slots starting `below` bytes under it,
