@@ -522,9 +522,18 @@ fn displace(
     let mut decoder = Decoder::with_ip(64, bytes, f.address, DecoderOptions::NONE);
     let mut instr = Instruction::default();
     let mut covered = 0usize;
-    let mut boundaries = Vec::with_capacity(JMP_LEN);
-    let mut branch_targets = Vec::new();
+    // Whole instructions of at least a byte, fewer than `min_len` bytes in all before the
+    // last: at most MAX_PATCH_LEN of them. Arrays, not vectors: this runs for every function
+    // of a module on every processor, and allocations contend for the agent's allocator.
+    let mut boundaries = [0u64; MAX_PATCH_LEN];
+    let mut branch_targets = [(0u64, 0usize); MAX_PATCH_LEN];
+    let (mut count, mut branches) = (0, 0);
+    // Whether every instruction runs unchanged anywhere: relocation then cannot fail.
+    let mut anywhere = true;
     while covered < min_len {
+        if count == MAX_PATCH_LEN {
+            return Err((skip_reason::TOO_SHORT, format!("more than {MAX_PATCH_LEN} instructions to displace")));
+        }
         if !decoder.can_decode() {
             return Err((
                 skip_reason::TOO_SHORT,
@@ -540,7 +549,9 @@ fn displace(
         }
         let offset = covered;
         covered += instr.len();
-        boundaries.push(instr.ip());
+        boundaries[count] = instr.ip();
+        count += 1;
+        anywhere &= runs_anywhere(&instr);
         if covered as u64 > f.size {
             return Err((
                 skip_reason::TOO_SHORT,
@@ -564,9 +575,11 @@ fn displace(
             _ => {}
         }
         if is_near_branch(&instr) {
-            branch_targets.push((instr.near_branch_target(), offset));
+            branch_targets[branches] = (instr.near_branch_target(), offset);
+            branches += 1;
         }
     }
+    let (boundaries, branch_targets) = (&boundaries[..count], &branch_targets[..branches]);
     let end = f.address + covered as u64;
     if let Some(offset) = rip_relative_into(bytes, f.address, end) {
         return Err((
@@ -576,7 +589,7 @@ fn displace(
     }
     // A branch within the displaced bytes is re-targeted to the relocated copy only if it lands
     // on one of the relocated instructions; anywhere else inside would run overwritten bytes.
-    for &(t, offset) in &branch_targets {
+    for &(t, offset) in branch_targets {
         if t > f.address && t < end && !boundaries.contains(&t) {
             return Err((
                 skip_reason::UNRELOCATABLE,
@@ -587,8 +600,10 @@ fn displace(
             ));
         }
     }
-    if let Err(e) = relocate(&bytes[..covered], f.address, f.address) {
-        return Err((skip_reason::UNRELOCATABLE, e.to_string()));
+    if !anywhere {
+        if let Err(e) = relocate(&bytes[..covered], f.address, f.address) {
+            return Err((skip_reason::UNRELOCATABLE, e.to_string()));
+        }
     }
     Ok(Displaced {
         len: covered,

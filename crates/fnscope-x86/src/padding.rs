@@ -56,8 +56,10 @@ impl Module {
     /// every claim.
     pub(crate) fn scan(inv: &Inventory, data: &[u8], near_start: u64, threads: usize) -> Module {
         let owned = coalesce(&inv.claims);
+        let owned_starts: Vec<u64> = owned.iter().map(|r| r.0).collect();
+        let owned_index = Paged::new(&owned_starts);
         let is_owned = |a: u64| {
-            let i = owned.partition_point(|r| r.0 <= a);
+            let i = owned_index.count_le(a);
             i > 0 && a < owned[i - 1].1
         };
         // Ends of claimed code followed by unclaimed bytes of the same section.
@@ -68,13 +70,14 @@ impl Module {
             .collect();
         let mut after_terminator = vec![false; gap_starts.len()];
         let starts: Vec<u64> = inv.functions.iter().map(|f| f.address).collect();
+        let starts_index = Paged::new(&starts);
         // Only code can hold a patch or padding: references to data (most RIP-relative
         // operands) are dropped first, without the two searches.
         let interesting = |t: u64| {
             if inv.code_range(t).is_none() {
                 return false;
             }
-            let j = starts.partition_point(|&s| s <= t);
+            let j = starts_index.count_le(t);
             (j > 0 && t - starts[j - 1] < near_start) || !is_owned(t)
         };
         let pieces = pieces(inv, data, &starts, threads);
@@ -311,6 +314,54 @@ pub(crate) fn is_near_branch(instr: &Instruction) -> bool {
 }
 
 /// The union of `claims` (sorted by start) as disjoint sorted ranges.
+/// Sorted addresses with, for each 4 KiB page they span, how many lie below it: a search then
+/// bisects one page's few addresses, not all of them. Every reference in a module's code is
+/// looked up (millions in a big program), and a bisection of all the functions missed the
+/// cache a dozen times each: a seventh of a first analysis.
+struct Paged<'a> {
+    keys: &'a [u64],
+    /// The first page's address.
+    lo: u64,
+    /// Per page from `lo`: how many keys lie below it. Empty when the keys span too much
+    /// address space for a table (plain bisection then).
+    below: Vec<u32>,
+}
+
+impl<'a> Paged<'a> {
+    const SHIFT: u32 = 12;
+
+    fn new(keys: &'a [u64]) -> Paged<'a> {
+        let (Some(&first), Some(&last)) = (keys.first(), keys.last()) else {
+            return Paged { keys, lo: 0, below: Vec::new() };
+        };
+        let lo = first >> Self::SHIFT << Self::SHIFT;
+        let pages = ((last - lo) >> Self::SHIFT) as usize + 2;
+        if pages > 4 * keys.len() + 4096 || keys.len() > u32::MAX as usize {
+            return Paged { keys, lo, below: Vec::new() };
+        }
+        let mut below = Vec::with_capacity(pages);
+        let mut j = 0;
+        for p in 0..pages as u64 {
+            let page = lo + (p << Self::SHIFT);
+            while j < keys.len() && keys[j] < page {
+                j += 1;
+            }
+            below.push(j as u32);
+        }
+        Paged { keys, lo, below }
+    }
+
+    /// How many keys are at most `t`: `keys.partition_point(|&k| k <= t)`.
+    fn count_le(&self, t: u64) -> usize {
+        let page = (t.wrapping_sub(self.lo) >> Self::SHIFT) as usize;
+        if t < self.lo || page + 1 >= self.below.len() {
+            return self.keys.partition_point(|&k| k <= t);
+        }
+        let (a, b) = (self.below[page] as usize, self.below[page + 1] as usize);
+        a + self.keys[a..b].partition_point(|&k| k <= t)
+    }
+}
+
 fn coalesce(claims: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(claims.len());
     for &(a, b) in claims {
@@ -329,4 +380,23 @@ fn reposition(decoder: &mut Decoder<'_>, base: u64, ip: u64) {
         let _ = decoder.set_position(0);
     }
     decoder.set_ip(ip);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paged_search_counts_as_bisection_does() {
+        let mut keys: Vec<u64> = (0..3000u64).map(|i| 0x40_1000 + i * i % 977 * 37 + i * 91).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for keys in [&keys[..], &keys[..1], &[][..], &[5, 1 << 40][..]] {
+            let paged = Paged::new(keys);
+            let probes = keys.iter().flat_map(|&k| [k.wrapping_sub(1), k, k + 1, k + 4096]).chain([0, 1, u64::MAX]);
+            for t in probes {
+                assert_eq!(paged.count_le(t), keys.partition_point(|&k| k <= t), "{t:#x}");
+            }
+        }
+    }
 }
