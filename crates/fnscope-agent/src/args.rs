@@ -171,7 +171,7 @@ fn describe(r: &InjectRule) -> String {
 /// Whether `g` matches function `i` of `funcs` by its raw or its demangled name.
 fn matches(g: &glob::Pattern, funcs: &Analysis, i: usize, shown: &mut Option<String>) -> bool {
     let raw = funcs.name(i).unwrap_or("");
-    g.matches(raw) || g.matches(shown.get_or_insert_with(|| crate::filter::display_name(funcs.name(i), funcs.address(i))))
+    g.matches(raw) || g.matches(shown.get_or_insert_with(|| fnscope_symbols::display_name(funcs.name(i), funcs.address(i))))
 }
 
 /// Descriptors for the planned functions of one module (by function index) that record

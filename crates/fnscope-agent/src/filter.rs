@@ -117,7 +117,7 @@ impl ModuleFilter<'_> {
             }
             if !p.names.is_empty() {
                 let raw = name.unwrap_or("");
-                let shown = display.get_or_insert_with(|| display_name(name, address));
+                let shown = display.get_or_insert_with(|| fnscope_symbols::display_name(name, address));
                 if p.names.iter().any(|g| g.matches(raw) || g.matches(shown)) {
                     return true;
                 }
@@ -136,10 +136,3 @@ impl ModuleFilter<'_> {
     }
 }
 
-/// A function's name as people read it: demangled, or `sub_<hex address>` for none.
-pub fn display_name(name: Option<&str>, address: u64) -> String {
-    match name {
-        Some(n) => fnscope_symbols::demangle(n),
-        None => format!("sub_{address:x}"),
-    }
-}

@@ -376,9 +376,10 @@ pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> [u8; COUNT_CODE_OFFSE
     h
 }
 
-/// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)`, moving
-/// prologues through `relocs`, and returns the patches to write. Plans whose prologue cannot be relocated, or whose island's
-/// donor could not be built, are returned in the error list with a reason.
+/// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)`,
+/// moving prologues through `relocs`, and returns the patches to write. Plans whose prologue
+/// cannot be relocated, or whose island's donor could not be built, are returned in the error
+/// list with a reason.
 #[allow(clippy::too_many_arguments)]
 fn build_slots(
     lo: u64,
@@ -462,7 +463,7 @@ fn build_slots(
                 // A slot sized for a copy is short for some moves: the code in memory is not
                 // the file's (a text relocation, someone else's patch), rarely.
                 Ok(r) if r.len() > code.len() => {
-                    failed.push((p.index, "its code in memory differs from the file's and no longer fits its trampoline".to_string()));
+                    failed.push((p.index, format!("its prologue moved takes {} bytes, more than its trampoline holds (its code in memory differs from the file's)", r.len())));
                     continue;
                 }
                 Ok(r) => code[..r.len()].copy_from_slice(&r),
@@ -684,7 +685,7 @@ pub fn plan_module(
             VerdictRef::Hookable(_) if walker.is_some() => {
                 skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().into()))
             }
-            VerdictRef::Hookable(_) if v8 && called_by_v8_generated_code(&crate::filter::display_name(inv.name(i), inv.address(i))) => skips.push((
+            VerdictRef::Hookable(_) if v8 && called_by_v8_generated_code(&fnscope_symbols::display_name(inv.name(i), inv.address(i))) => skips.push((
                 i,
                 skip_reason::STACK_WALKER,
                 "called from V8's generated code, whose stack walker reads this return address".into(),

@@ -38,10 +38,10 @@ pub struct Analysis {
     records: usize,
     /// How many functions there are.
     count: usize,
-    /// Where the table text, the skip details and the displaced bytes are in `bytes`.
-    text: (usize, usize),
-    details: (usize, usize),
-    as_is: (usize, usize),
+    /// Where the table text, the skip details and the displaced bytes start in `bytes`.
+    text: usize,
+    details: usize,
+    as_is: usize,
     /// The raw names that the table spells otherwise (with a tab or line feed), by function.
     odd: Vec<(u32, String)>,
     /// The module's GNU build-id.
@@ -53,14 +53,16 @@ pub struct Analysis {
 }
 
 /// Bytes per function in a cache file: address (8), size (8), offset of its table fields in
-/// the text (4) and of their end (4), flags (1: [`HAS_CFI`], [`NAMED`], [`SKIP`]), the length
-/// of the fields before the name (1), relocate length or skip reason (1), hook form (1),
-/// island offset (2), two bytes unused, donor or skip detail offset (4), displaced bytes or
-/// skip detail length (4).
+/// the text (4) and of their end (4), flags (1: [`HAS_CFI`], [`NAMED`], [`SKIP`], [`AS_IS`]),
+/// the length of the fields before the name (1), relocate length or skip reason (1), hook
+/// form (1), island offset (2), two bytes unused, then for a hook its donor (4) and the offset
+/// of its displaced bytes (4), for a skip the offset and length of its details (4 and 4).
 const RECORD: usize = 40;
 const HAS_CFI: u8 = 1;
 const NAMED: u8 = 2;
 const SKIP: u8 = 4;
+/// The displaced bytes move as they are (see [`Analysis::as_is`]).
+const AS_IS: u8 = 8;
 
 /// A function's verdict as [`Analysis::verdict`] reads it.
 pub enum VerdictRef<'a> {
@@ -85,11 +87,15 @@ impl Analysis {
         u32::from_le_bytes(self.word(i, at)) as usize
     }
 
-    /// `len` bytes at `at` of the text that `range` spans.
-    fn span(&self, range: (usize, usize), at: usize, len: usize) -> &str {
-        let b = &self.bytes[range.0 + at..range.0 + at + len];
-        // SAFETY: `parse` checked that the text in `range` is UTF-8 and that every span an
-        // accessor takes of it starts and ends on a character boundary.
+    /// `len` bytes at `at` of the text that starts at `text` in `bytes`.
+    ///
+    /// # Safety
+    /// `text` is `self.text` or `self.details`, and `at` and `len` come from one record as
+    /// [`Analysis::parse`] checked them: the text is UTF-8 (checked whole) and the span starts
+    /// and ends on character boundaries within it.
+    unsafe fn span(&self, text: usize, at: usize, len: usize) -> &str {
+        let b = &self.bytes[text + at..text + at + len];
+        // SAFETY: UTF-8 on character boundaries, as the caller promises.
         unsafe { std::str::from_utf8_unchecked(b) }
     }
 
@@ -133,25 +139,29 @@ impl Analysis {
     /// spells it (tabs and line feeds made spaces, `sub_<address>` for no name).
     pub fn fields(&self, i: usize) -> &str {
         let at = self.u32_at(i, 16);
-        self.span(self.text, at, self.u32_at(i, 20) - at)
+        // SAFETY: the record's fields span, checked by `parse`.
+        unsafe { self.span(self.text, at, self.u32_at(i, 20) - at) }
     }
 
     /// The start of [`Analysis::fields`]: address, tab, size, tab.
     pub fn place(&self, i: usize) -> &str {
-        self.span(self.text, self.u32_at(i, 16), usize::from(self.record(i)[25]))
+        // SAFETY: the record's place span, checked by `parse`.
+        unsafe { self.span(self.text, self.u32_at(i, 16), usize::from(self.record(i)[25])) }
     }
 
     /// The end of [`Analysis::fields`]: the name as the table spells it.
     pub fn spelled(&self, i: usize) -> &str {
         let name_at = self.u32_at(i, 16) + usize::from(self.record(i)[25]);
-        self.span(self.text, name_at, self.u32_at(i, 20) - name_at)
+        // SAFETY: the record's name span, checked by `parse`.
+        unsafe { self.span(self.text, name_at, self.u32_at(i, 20) - name_at) }
     }
 
     /// Function `i`'s verdict.
     pub fn verdict(&self, i: usize) -> VerdictRef<'_> {
         let r = self.record(i);
         if r[24] & SKIP != 0 {
-            let detail = self.span(self.details, self.u32_at(i, 32), self.u32_at(i, 36));
+            // SAFETY: a skip record's details span, checked by `parse`.
+            let detail = unsafe { self.span(self.details, self.u32_at(i, 32), self.u32_at(i, 36)) };
             return VerdictRef::Skip(REASONS[usize::from(r[26])], detail);
         }
         let island_offset = i16::from_le_bytes(self.word(i, 28));
@@ -172,25 +182,26 @@ impl Analysis {
         if r[24] & SKIP != 0 || r[24] & AS_IS == 0 {
             return None;
         }
-        let at = self.as_is.0 + self.u32_at(i, 36);
+        let at = self.as_is + self.u32_at(i, 36);
         Some(&self.bytes[at..at + usize::from(r[26])])
     }
 
     /// The analysis in cache file `bytes` for `key`, if the file is whole, of this version, for
-    /// `key`, its debug files as they were, and every offset in it within bounds.
+    /// `key`, every offset in it within bounds and, for a file read back (`cached`), its debug
+    /// files as they were.
     fn parse(bytes: Vec<u8>, key: &str, cached: bool) -> Option<Analysis> {
         let base = bytes.as_ptr() as usize;
-        let mut r = open(&bytes, key)?;
-        let range = |b: &[u8]| (b.as_ptr() as usize - base, b.as_ptr() as usize - base + b.len());
+        let mut r = open_as(&bytes, key, cached)?;
+        let start = |b: &[u8]| b.as_ptr() as usize - base;
         let id = r.bytes()?.to_vec();
         let build_id = (r.u64()? == 1).then_some(id);
         let count = usize::try_from(r.u64()?).ok()?;
         let text_str = r.text()?;
-        let text = range(text_str.as_bytes());
+        let text = start(text_str.as_bytes());
         let details_str = r.text()?;
-        let details = range(details_str.as_bytes());
+        let details = start(details_str.as_bytes());
         let as_is_bytes = r.bytes()?;
-        let as_is = range(as_is_bytes);
+        let as_is = start(as_is_bytes);
         let mut odd: Vec<(u32, String)> = Vec::new();
         for _ in 0..r.u64()? {
             let i = u32::try_from(r.u64()?).ok()?;
@@ -203,7 +214,7 @@ impl Analysis {
         if records.len() != count.checked_mul(RECORD)? || r.at != r.b.len() {
             return None;
         }
-        let records = range(records).0;
+        let records = start(records);
         let debug = r.debug;
         let within = |s: &str, at: usize, len: usize| at.checked_add(len).is_some_and(|end| s.is_char_boundary(at) && s.is_char_boundary(end));
         for rec in bytes[records..records + count * RECORD].chunks_exact(RECORD) {
@@ -216,7 +227,10 @@ impl Analysis {
                 usize::from(rec[26]) < REASONS.len() && within(details_str, word(32), word(36))
             } else {
                 let as_is_end = word(36) + usize::from(rec[26]);
-                rec[27] <= 3 && (rec[27] != 3 || word(32) < count) && (flags & AS_IS == 0 || as_is_end <= as_is_bytes.len())
+                (1..=fnscope_x86::MAX_PATCH_LEN).contains(&usize::from(rec[26]))
+                    && rec[27] <= 3
+                    && (rec[27] != 3 || word(32) < count)
+                    && (flags & AS_IS == 0 || as_is_end <= as_is_bytes.len())
             };
             if !good {
                 return None;
@@ -225,9 +239,6 @@ impl Analysis {
         Some(Analysis { records, count, text, details, as_is, odd, build_id, debug, cached, bytes })
     }
 }
-
-/// A flag of a record: the displaced bytes move as they are (see [`Analysis::as_is`]).
-const AS_IS: u8 = 8;
 
 /// [`Analysis::as_is`] of each function given its verdict.
 fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict]) -> (Vec<(u32, u8)>, Vec<u8>) {
@@ -287,7 +298,7 @@ pub fn analyse(path: &Path, ra: ReturnAddress) -> Result<Analysis, String> {
     }
     let key = cache_key(path, &format!("{ra:?}"));
     if let Some((file, key)) = &key {
-        if let Some(a) = crate::sys::read_file(file).ok().and_then(|b| Analysis::parse(b, key, true)) {
+        if let Some(a) = read_analysis(file, key) {
             return Ok(a);
         }
     }
@@ -309,7 +320,7 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
     let a = match take_spare(path, ReturnAddress::Kept) {
         Some(a) => a,
         None => match cache_key(path, &format!("{:?}", ReturnAddress::Kept)) {
-            Some((file, k)) if !traced => match crate::sys::read_file(&file).ok().and_then(|b| Analysis::parse(b, &k, true)) {
+            Some((file, k)) if !traced => match read_analysis(&file, &k) {
                 Some(a) => a,
                 None => analyse_file(path, ReturnAddress::Kept, false)?,
             },
@@ -355,6 +366,11 @@ fn cache_key(path: &Path, what: &str) -> Option<(PathBuf, String)> {
     let stamp = crate::sys::file_stamp(path)?;
     let key = format!("{}\0{:?}\0{what}", path.display(), stamp);
     Some((dir.join(format!("{:016x}.plan", fnv(key.as_bytes()))), key))
+}
+
+/// The analysis cached in `file` for `key`, if usable.
+fn read_analysis(file: &Path, key: &str) -> Option<Analysis> {
+    Analysis::parse(crate::sys::read_file(file).ok()?, key, true)
 }
 
 fn read_cached<T>(file: &Path, key: &str, decode: impl FnOnce(Reader<'_>) -> Option<T>) -> Option<T> {
@@ -406,11 +422,12 @@ fn analyse_file(path: &Path, ra: ReturnAddress, both: bool) -> Result<Analysis, 
     let keep = |mode: ReturnAddress, verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)| {
         let key = cache_key(path, &format!("{mode:?}"));
         let k = key.as_ref().map_or("", |(_, k)| k.as_str());
-        let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, verdicts, as_is));
+        let bug = || format!("{}: the analysis cannot be encoded (a bug of fnscope)", path.display());
+        let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, verdicts, as_is).ok_or_else(bug)?);
         if let Some((file, _)) = &key {
             store(file, &o);
         }
-        Analysis::parse(o, k, false).ok_or_else(|| format!("{}: the analysis does not read back (a bug of fnscope)", path.display()))
+        Analysis::parse(o, k, false).ok_or_else(bug)
     };
     let a = keep(ra, &verdicts, &(as_is, as_is_bytes))?;
     if let Some((verdicts, as_is, as_is_bytes)) = spare {
@@ -501,7 +518,8 @@ fn header(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)]) -> Vec<u8> {
 
 /// The cache file of a first analysis (without its checksum): the functions' table text, skip
 /// details and displaced bytes, then a [`RECORD`] per function pointing into them.
-fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u8]>, functions: &[Function], verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)) -> Vec<u8> {
+/// `None` if a verdict carries a skip reason missing from [`REASONS`].
+fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u8]>, functions: &[Function], verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)) -> Option<Vec<u8>> {
     let mut text = String::with_capacity(48 * functions.len());
     let mut details = String::new();
     let mut odd = Vec::new();
@@ -543,14 +561,14 @@ fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u
                 r[27] = form;
                 r[28..30].copy_from_slice(&island.to_le_bytes());
                 r[32..36].copy_from_slice(&donor.to_le_bytes());
-                if let Some(&(at, _)) = as_is.0.get(i).filter(|a| a.1 > 0 && a.1 == h.relocate_len) {
+                if let Some(&(at, _)) = as_is.0.get(i).filter(|a| a.1 > 0) {
                     r[24] |= AS_IS;
                     r[36..40].copy_from_slice(&at.to_le_bytes());
                 }
             }
             Verdict::Skip { reason, detail } => {
                 r[24] |= SKIP;
-                r[26] = REASONS.iter().position(|c| c == reason).unwrap_or(0) as u8;
+                r[26] = REASONS.iter().position(|c| c == reason)? as u8;
                 r[32..36].copy_from_slice(&(details.len() as u32).to_le_bytes());
                 r[36..40].copy_from_slice(&(detail.len() as u32).to_le_bytes());
                 details.push_str(detail);
@@ -572,7 +590,7 @@ fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u
         put_bytes(&mut o, name.as_bytes());
     }
     put_bytes(&mut o, &records);
-    o
+    Some(o)
 }
 
 /// Reads a cache file's bytes in order; every read is bounds-checked.
@@ -605,6 +623,12 @@ impl<'a> Reader<'a> {
 /// A reader of the body of a cache file (after its header), if the file is whole, of this
 /// version and for `key`, and the debug files are as they were.
 fn open<'a>(b: &'a [u8], key: &str) -> Option<Reader<'a>> {
+    open_as(b, key, true)
+}
+
+/// [`open`], checking the debug files' stamps only with `check_stamps` (a file just made
+/// needs no check, and a debug file changing between making and reading would fail it).
+fn open_as<'a>(b: &'a [u8], key: &str, check_stamps: bool) -> Option<Reader<'a>> {
     // The last word sums the rest: a file damaged anywhere is not used.
     let (body, sum) = b.split_at_checked(b.len().checked_sub(8)?)?;
     if checksum(body).to_le_bytes() != sum {
@@ -618,7 +642,7 @@ fn open<'a>(b: &'a [u8], key: &str) -> Option<Reader<'a>> {
         let path = PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(r.bytes()?));
         let present = r.u64()? == 1;
         let stamp = [r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?];
-        if crate::sys::file_stamp(&path) != present.then_some(stamp) {
+        if check_stamps && crate::sys::file_stamp(&path) != present.then_some(stamp) {
             return None;
         }
         r.debug.push((path, present.then_some(stamp)));
@@ -641,10 +665,10 @@ fn decode_entries(mut r: Reader<'_>) -> Option<Vec<(u64, u64, Hook)>> {
     (r.at == r.b.len()).then_some(v)
 }
 
-/// Prologues that the block encoder moved into slots of one kind in an earlier run of a
-/// module, kept so that a later run copies them instead of decoding and encoding again (a
-/// microsecond or so each, and the first use costs a millisecond more in every process: the
-/// encoder's code and tables paged in).
+/// Prologues that did not move by copying (see [`Analysis::as_is`]) into slots of one kind in
+/// an earlier run of a module, kept so that a later run copies them instead of decoding them
+/// and, for most, running the block encoder again (a microsecond or so each, and its first use
+/// costs a millisecond more in every process: the encoder's code and tables paged in).
 ///
 /// A moved prologue depends on where the function and its slot are in two ways only: 32-bit
 /// displacements that aim out of the slot (at the function's module) change with the distance
@@ -926,7 +950,7 @@ mod tests {
             Verdict::Skip { reason: skip_reason::NO_CFI, detail: String::new() },
         ];
         let as_is = (vec![(0, 5), (0, 0), (0, 0), (5, 7), (0, 0)], vec![0x55, 0x48, 0x89, 0xe5, 0x90, 1, 2, 3, 4, 5, 6, 7]);
-        let file = seal(encode("key", &[], Some(&[1, 2]), &functions, &verdicts, &as_is));
+        let file = seal(encode("key", &[], Some(&[1, 2]), &functions, &verdicts, &as_is).unwrap());
         let a = Analysis::parse(file.clone(), "key", true).unwrap();
         assert!(a.cached);
         assert_eq!((a.count(), a.build_id.as_deref()), (functions.len(), Some(&[1u8, 2][..])));
@@ -963,6 +987,8 @@ mod tests {
         let third = last - RECORD;
         assert!(damaged(third + 32, &9u32.to_le_bytes()), "a donor beyond the functions");
         assert!(damaged(third + 36, &6u32.to_le_bytes()), "displaced bytes past their blob");
+        assert!(damaged(third + 26, &[fnscope_x86::MAX_PATCH_LEN as u8 + 1]), "more bytes to displace than a patch takes");
+        assert!(damaged(third + 26, &[0]), "no bytes to displace");
     }
 
     /// Moves every prologue of a module at `lo` into slots starting `below` bytes under it,

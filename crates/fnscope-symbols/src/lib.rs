@@ -41,19 +41,6 @@ pub const WHY_ELF_ENTRY: &str = "ELF entry point (_start)";
 /// is not a return address at the piece's first instruction.
 pub const WHY_CFA: &str = cfi::CFA_NOT_AT_ENTRY;
 
-/// Every `Function::not_entry_why` this crate gives (a cache of its results maps texts back
-/// to these).
-pub const NOT_ENTRY_REASONS: [&str; 8] = [
-    WHY_COLD,
-    WHY_ELF_ENTRY,
-    cfi::CFA_NOT_AT_ENTRY,
-    cfi::CFA_NOT_AT_SYMBOL,
-    cfi::RA_UNDEFINED,
-    cfi::RA_ELSEWHERE,
-    cfi::SIGNAL_FRAME,
-    cfi::CFI_BROKEN,
-];
-
 /// Where a function's name (or, for unnamed pieces, its existence) comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SymSource {
@@ -94,10 +81,16 @@ pub struct Function {
 impl Function {
     /// The demangled name, or `sub_<hex address>` for an unnamed piece.
     pub fn display_name(&self) -> String {
-        match &self.name {
-            Some(n) => demangle(n),
-            None => format!("sub_{:x}", self.address),
-        }
+        display_name(self.name.as_deref(), self.address)
+    }
+}
+
+/// A function's name as people read it: `name` (raw) demangled, or `sub_<hex address>` for
+/// none.
+pub fn display_name(name: Option<&str>, address: u64) -> String {
+    match name {
+        Some(n) => demangle(n),
+        None => format!("sub_{address:x}"),
     }
 }
 

@@ -313,7 +313,6 @@ pub(crate) fn is_near_branch(instr: &Instruction) -> bool {
     )
 }
 
-/// The union of `claims` (sorted by start) as disjoint sorted ranges.
 /// Sorted addresses with, for each 4 KiB page they span, how many lie below it: a search then
 /// bisects one page's few addresses, not all of them. Every reference in a module's code is
 /// looked up (millions in a big program), and a bisection of all the functions missed the
@@ -341,9 +340,9 @@ impl<'a> Paged<'a> {
         }
         let mut below = Vec::with_capacity(pages);
         let mut j = 0;
-        for p in 0..pages as u64 {
-            let page = lo + (p << Self::SHIFT);
-            while j < keys.len() && keys[j] < page {
+        // Page numbers, not addresses: the page after the last may lie past the address space.
+        for page in (lo >> Self::SHIFT)..(lo >> Self::SHIFT) + pages as u64 {
+            while j < keys.len() && keys[j] >> Self::SHIFT < page {
                 j += 1;
             }
             below.push(j as u32);
@@ -362,6 +361,7 @@ impl<'a> Paged<'a> {
     }
 }
 
+/// The union of `claims` (sorted by start) as disjoint sorted ranges.
 fn coalesce(claims: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(claims.len());
     for &(a, b) in claims {
@@ -391,7 +391,8 @@ mod tests {
         let mut keys: Vec<u64> = (0..3000u64).map(|i| 0x40_1000 + i * i % 977 * 37 + i * 91).collect();
         keys.sort_unstable();
         keys.dedup();
-        for keys in [&keys[..], &keys[..1], &[][..], &[5, 1 << 40][..]] {
+        let top = [u64::MAX - 4200, u64::MAX - 10, u64::MAX];
+        for keys in [&keys[..], &keys[..1], &[][..], &[5, 1 << 40][..], &top[..]] {
             let paged = Paged::new(keys);
             let probes = keys.iter().flat_map(|&k| [k.wrapping_sub(1), k, k + 1, k + 4096]).chain([0, 1, u64::MAX]);
             for t in probes {
