@@ -726,7 +726,7 @@ pub fn plan_module(
     } else {
         Default::default()
     };
-    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, kind.name());
+    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, kind.name(), obj.bias);
     let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id, &mut descs, &mut relocs)
         .map_err(|e| format!("{}: {e}", obj.path.display()))?;
     relocs.finish();
@@ -776,7 +776,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)], traced: bool) -> Result<usi
     if plans.is_empty() {
         return Ok(0);
     }
-    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, SlotKind::Prehook.name());
+    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, SlotKind::Prehook.name(), obj.bias);
     let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default(), &mut relocs)?;
     relocs.finish();
     if let Some((_, why)) = write_patches(&built.patches).into_iter().next() {
