@@ -14,8 +14,8 @@
 //! What a warm start-up reads is kept cheap to use: each hookable function's displaced bytes
 //! when they move by copying (no decoding then), and for the unwinder's pre-hooks a file of
 //! their own with just their hooks (the whole analysis with return addresses kept would be
-//! read for three functions). A first analysis of a module needed in both return-address
-//! modes does both at once, decoding the module once, on every processor.
+//! read for three functions). A first analysis of a module whose functions are
+//! traced and whose unwinder gets pre-hooks tells both from one decoding, on every processor.
 
 use fnscope_abi::skip_reason;
 use fnscope_symbols::Function;
@@ -302,14 +302,14 @@ pub fn analyse(path: &Path, ra: ReturnAddress) -> Result<Analysis, String> {
             return Ok(a);
         }
     }
-    analyse_file(path, ra, false)
+    Ok(analyse_file(path, ra, &[])?.0)
 }
 
 /// The pre-hookable functions among those at (link-time) `addresses` of the module at `path`:
 /// address, size and hook of each whose entry can take a jump with its return address kept.
 /// A few words cached on their own: the whole analysis in that mode would take longer to read
 /// than everything else a start-up does. `traced`: the module is about to be analysed in
-/// timing mode too, so an analysis made here does both modes at once.
+/// timing mode too, so that analysis is made here, and tells the entries too.
 pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(u64, u64, Hook)>, String> {
     let key = cache_key(path, &format!("entries {addresses:x?}"));
     if let Some((file, key)) = &key {
@@ -317,23 +317,27 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
             return Ok(e);
         }
     }
-    let a = match take_spare(path, ReturnAddress::Kept) {
-        Some(a) => a,
-        None => match cache_key(path, &format!("{:?}", ReturnAddress::Kept)) {
-            Some((file, k)) if !traced => match read_analysis(&file, &k) {
-                Some(a) => a,
-                None => analyse_file(path, ReturnAddress::Kept, false)?,
-            },
-            _ => analyse_file(path, ReturnAddress::Kept, traced)?,
-        },
-    };
-    let mut entries = Vec::new();
-    for &addr in addresses {
-        let Some(i) = (0..a.count()).find(|&i| a.address(i) == addr) else { continue };
-        if let VerdictRef::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = a.verdict(i) {
-            entries.push((addr, a.size(i), hook));
+    let (entries, a) = if traced {
+        // The module is about to be analysed for tracing: that analysis, made now and kept
+        // for it, tells which of these entries can take a hook with the return address kept.
+        let (a, kept) = analyse_file(path, ReturnAddress::Replaced, addresses)?;
+        let size = |addr: u64| (0..a.count()).find(|&i| a.address(i) == addr).map_or(0, |i| a.size(i));
+        let entries = addresses.iter().zip(kept).filter_map(|(&addr, hook)| Some((addr, size(addr), hook?))).collect();
+        (entries, a)
+    } else {
+        let a = match cache_key(path, &format!("{:?}", ReturnAddress::Kept)).and_then(|(file, k)| read_analysis(&file, &k)) {
+            Some(a) => a,
+            None => analyse_file(path, ReturnAddress::Kept, &[])?.0,
+        };
+        let mut entries = Vec::new();
+        for &addr in addresses {
+            let Some(i) = (0..a.count()).find(|&i| a.address(i) == addr) else { continue };
+            if let VerdictRef::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = a.verdict(i) {
+                entries.push((addr, a.size(i), hook));
+            }
         }
-    }
+        (entries, a)
+    };
     if let Some((file, key)) = &key {
         let mut o = header(key, &a.debug);
         put(&mut o, entries.len() as u64);
@@ -344,11 +348,14 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
         }
         store(file, &seal(o));
     }
+    if traced {
+        *SPARE.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), ReturnAddress::Replaced, a));
+    }
     Ok(entries)
 }
 
-/// The analysis of the other mode made along with the last one (see [`analyse_file`]), until
-/// it is asked for.
+/// The timing-mode analysis made by [`entry_hooks`] for a module about to be traced, until it
+/// is asked for.
 static SPARE: Mutex<Option<(PathBuf, ReturnAddress, Analysis)>> = Mutex::new(None);
 
 fn take_spare(path: &Path, ra: ReturnAddress) -> Option<Analysis> {
@@ -394,47 +401,23 @@ fn store(file: &Path, o: &[u8]) {
     }
 }
 
-/// Reads and analyses the module at `path` in mode `ra` and caches the result; with `both`,
-/// in the other mode too, cached and kept for [`take_spare`].
-fn analyse_file(path: &Path, ra: ReturnAddress, both: bool) -> Result<Analysis, String> {
+/// Reads and analyses the module at `path` in mode `ra` and caches the result; also tells
+/// which functions at `kept_entries` can take an entry hook with their return address kept
+/// (see [`fnscope_x86::analyze_with_kept_entries`]).
+fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64]) -> Result<(Analysis, Vec<Option<Hook>>), String> {
     let data = crate::sys::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let inv = fnscope_symbols::load_bytes(path, &data).map_err(|e| e.to_string())?;
     let debug = debug_files(inv.debug_file.as_deref(), inv.build_id.as_deref());
-    let other = match ra {
-        ReturnAddress::Replaced => ReturnAddress::Kept,
-        ReturnAddress::Kept => ReturnAddress::Replaced,
-    };
-    let threads = threads();
-    let (verdicts, spare) = if both {
-        let (replaced, kept) = fnscope_x86::analyze_both(&inv, &data, threads);
-        match ra {
-            ReturnAddress::Replaced => (replaced, Some(kept)),
-            ReturnAddress::Kept => (kept, Some(replaced)),
-        }
-    } else {
-        (fnscope_x86::analyze_on(&inv, &data, ra, threads), None)
-    };
-    let (as_is, as_is_bytes) = as_is_of(&inv, &data, &verdicts);
-    let spare = spare.map(|v| {
-        let (as_is, as_is_bytes) = as_is_of(&inv, &data, &v);
-        (v, as_is, as_is_bytes)
-    });
-    let keep = |mode: ReturnAddress, verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)| {
-        let key = cache_key(path, &format!("{mode:?}"));
-        let k = key.as_ref().map_or("", |(_, k)| k.as_str());
-        let bug = || format!("{}: the analysis cannot be encoded (a bug of fnscope)", path.display());
-        let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, verdicts, as_is).ok_or_else(bug)?);
-        if let Some((file, _)) = &key {
-            store(file, &o);
-        }
-        Analysis::parse(o, k, false).ok_or_else(bug)
-    };
-    let a = keep(ra, &verdicts, &(as_is, as_is_bytes))?;
-    if let Some((verdicts, as_is, as_is_bytes)) = spare {
-        let s = keep(other, &verdicts, &(as_is, as_is_bytes))?;
-        *SPARE.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), other, s));
+    let (verdicts, kept) = fnscope_x86::analyze_with_kept_entries(&inv, &data, ra, threads(), kept_entries);
+    let as_is = as_is_of(&inv, &data, &verdicts);
+    let key = cache_key(path, &format!("{ra:?}"));
+    let k = key.as_ref().map_or("", |(_, k)| k.as_str());
+    let bug = || format!("{}: the analysis cannot be encoded (a bug of fnscope)", path.display());
+    let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, &verdicts, &as_is).ok_or_else(bug)?);
+    if let Some((file, _)) = &key {
+        store(file, &o);
     }
-    Ok(a)
+    Ok((Analysis::parse(o, k, false).ok_or_else(bug)?, kept))
 }
 
 /// The checksum ending a cache file: a multiply-rotate hash of 8-byte words in four

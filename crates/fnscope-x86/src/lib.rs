@@ -298,22 +298,27 @@ pub fn analyze_on(inv: &Inventory, data: &[u8], ra: ReturnAddress, threads: usiz
     verdicts_for(inv, data, ra, module, threads)
 }
 
-/// [`analyze_on`] in both modes, `(Replaced, Kept)`, decoding the module once: a program
-/// whose unwinder gets pre-hooks (return address kept) and whose functions are traced
-/// (replaced) needs both, and the decoding is most of the work.
-pub fn analyze_both(inv: &Inventory, data: &[u8], threads: usize) -> (Vec<Verdict>, Vec<Verdict>) {
+/// [`analyze_on`] in mode `ra`, and for each function at the link-time `entries` the hook
+/// its entry can take with its return address kept (`None` if it cannot), decoding the module
+/// once: a program whose unwinder gets pre-hooks (return address kept) and whose functions are
+/// traced needs both, and a whole second analysis for a handful of pre-hooks took a tenth of
+/// a first start-up. A function the whole analysis would make lend islands relocates more
+/// bytes there; here it relocates only those its own jump needs.
+pub fn analyze_with_kept_entries(inv: &Inventory, data: &[u8], ra: ReturnAddress, threads: usize, entries: &[u64]) -> (Vec<Verdict>, Vec<Option<Hook>>) {
     let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads);
-    if threads < 2 {
-        let replaced = verdicts_for(inv, data, ReturnAddress::Replaced, module.clone(), 1);
-        return (replaced, verdicts_for(inv, data, ReturnAddress::Kept, module, 1));
-    }
-    let copy = module.clone();
-    std::thread::scope(|sc| {
-        let kept = sc.spawn(move || verdicts_for(inv, data, ReturnAddress::Kept, copy, 1));
-        let replaced = verdicts_for(inv, data, ReturnAddress::Replaced, module.clone(), threads - 1);
-        let kept = kept.join().unwrap_or_else(|_| verdicts_for(inv, data, ReturnAddress::Kept, module, 1));
-        (replaced, kept)
-    })
+    let kept = entries
+        .iter()
+        .map(|&a| {
+            let f = inv.functions.iter().find(|f| f.address == a)?;
+            match local(inv, data, f, ReturnAddress::Kept) {
+                Local::Open(Open { entry: Ok(len), .. }) if branch_into(&module, a, len, len).is_none() => {
+                    Some(Hook { relocate_len: len as u8, form: HookForm::Entry })
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    (verdicts_for(inv, data, ra, module, threads), kept)
 }
 
 fn verdicts_for(inv: &Inventory, data: &[u8], ra: ReturnAddress, mut module: Module, threads: usize) -> Vec<Verdict> {
