@@ -329,6 +329,7 @@ fn setup(settings: Settings) -> Result<(), String> {
     table.push_lines(&args::rule_lines());
     let mut t = Tracer { pid, sid, dir, libs, prehooked, table, seen: HashMap::new(), kind, filters };
     let (hooked, skipped, written) = t.hook_new_objects(&objs)?;
+    plan_cache::forget_spare();
     if !written {
         t.write_table()?;
     }

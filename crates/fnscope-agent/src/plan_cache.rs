@@ -355,8 +355,14 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
 }
 
 /// The timing-mode analysis made by [`entry_hooks`] for a module about to be traced, until it
-/// is asked for.
+/// is asked for (or start-up is over: [`forget_spare`]).
 static SPARE: Mutex<Option<(PathBuf, ReturnAddress, Analysis)>> = Mutex::new(None);
+
+/// Drops an analysis [`entry_hooks`] made that no module asked for (the main executable was
+/// left alone after all).
+pub fn forget_spare() {
+    SPARE.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
 
 fn take_spare(path: &Path, ra: ReturnAddress) -> Option<Analysis> {
     let mut g = SPARE.lock().unwrap_or_else(|e| e.into_inner());
@@ -660,7 +666,8 @@ fn decode_entries(mut r: Reader<'_>) -> Option<Vec<(u64, u64, Hook)>> {
 /// address. An entry knows where both kinds are, found when it was made by moving the
 /// function and the slot and watching which bytes change, so it serves any run: the same
 /// prologue bytes are moved along with a library loaded elsewhere or its slots put elsewhere.
-/// An entry whose changes could not be explained that way serves only the same addresses.
+/// An entry whose changes could not be explained that way, and any entry of a non-PIE
+/// executable (not probed: see `fixed`), serves only the same addresses.
 pub struct Relocations {
     /// The file and its key; `None` when nothing is cached.
     file: Option<(PathBuf, String)>,
@@ -673,9 +680,10 @@ pub struct Relocations {
     hits: usize,
     /// Prologues moved this run that the cache did not hold, with their bytes as in `data`.
     fresh: Vec<(Moved, Vec<u8>)>,
-    /// Whether the module lies where it was linked (a non-PIE executable): it and its slots
-    /// land at the same addresses every run, so new entries are not probed for their fields
-    /// (three more encodings each, a twentieth of a first start-up of `cc1plus`).
+    /// Whether the module lies where it was linked (a non-PIE executable): it lands at the
+    /// same address every run, and its slots too as long as their layout is the same (the
+    /// same filters), so new entries are not probed for their fields (three more encodings
+    /// each, a twentieth of a first start-up of `cc1plus`).
     fixed: bool,
 }
 

@@ -309,7 +309,7 @@ pub fn analyze_with_kept_entries(inv: &Inventory, data: &[u8], ra: ReturnAddress
     let kept = entries
         .iter()
         .map(|&a| {
-            let f = inv.functions.iter().find(|f| f.address == a)?;
+            let f = inv.functions.get(inv.functions.partition_point(|f| f.address < a)).filter(|f| f.address == a)?;
             match local(inv, data, f, ReturnAddress::Kept) {
                 Local::Open(Open { entry: Ok(len), .. }) if branch_into(&module, a, len, len).is_none() => {
                     Some(Hook { relocate_len: len as u8, form: HookForm::Entry })

@@ -42,7 +42,6 @@ struct Run {
 
 /// References into the first bytes of functions and into unclaimed bytes, and the free
 /// padding runs.
-#[derive(Clone)]
 pub(crate) struct Module {
     /// Sorted by target.
     refs: Vec<Ref>,
