@@ -393,7 +393,7 @@ mod tests {
         let top = [u64::MAX - 4200, u64::MAX - 10, u64::MAX];
         for keys in [&keys[..], &keys[..1], &[][..], &[5, 1 << 40][..], &top[..]] {
             let paged = Paged::new(keys);
-            let probes = keys.iter().flat_map(|&k| [k.wrapping_sub(1), k, k + 1, k + 4096]).chain([0, 1, u64::MAX]);
+            let probes = keys.iter().flat_map(|&k| [k.wrapping_sub(1), k, k.wrapping_add(1), k.wrapping_add(4096)]).chain([0, 1, u64::MAX]);
             for t in probes {
                 assert_eq!(paged.count_le(t), keys.partition_point(|&k| k <= t), "{t:#x}");
             }
