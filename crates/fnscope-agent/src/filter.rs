@@ -135,4 +135,3 @@ impl ModuleFilter<'_> {
         (inc.is_empty() || hit(inc, self.include_module)) && !(hit(exc, self.exclude_module))
     }
 }
-

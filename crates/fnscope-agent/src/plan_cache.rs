@@ -64,6 +64,11 @@ const SKIP: u8 = 4;
 /// The displaced bytes move as they are (see [`Analysis::as_is`]).
 const AS_IS: u8 = 8;
 
+/// The 32-bit field at `at` of a record.
+fn u32_field(record: &[u8], at: usize) -> usize {
+    u32::from_le_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]]) as usize
+}
+
 /// A function's verdict as [`Analysis::verdict`] reads it.
 pub enum VerdictRef<'a> {
     /// See [`Verdict::Hookable`].
@@ -84,7 +89,7 @@ impl Analysis {
     }
 
     fn u32_at(&self, i: usize, at: usize) -> usize {
-        u32::from_le_bytes(self.word(i, at)) as usize
+        u32_field(self.record(i), at)
     }
 
     /// `len` bytes at `at` of the text that starts at `text` in `bytes`.
@@ -218,7 +223,7 @@ impl Analysis {
         let debug = r.debug;
         let within = |s: &str, at: usize, len: usize| at.checked_add(len).is_some_and(|end| s.is_char_boundary(at) && s.is_char_boundary(end));
         for rec in bytes[records..records + count * RECORD].chunks_exact(RECORD) {
-            let word = |at: usize| u32::from_le_bytes([rec[at], rec[at + 1], rec[at + 2], rec[at + 3]]) as usize;
+            let word = |at: usize| u32_field(rec, at);
             let (at, end, flags, place) = (word(16), word(20), rec[24], usize::from(rec[25]));
             if end < at + place || !within(text_str, at, place) || !within(text_str, at, end - at) {
                 return None;
