@@ -319,7 +319,7 @@ fn newer_version_is_refused() {
     let e = report(&dir, false).unwrap_err().to_string();
     assert_eq!(
         e,
-        "trace format version 9 is newer than this fnscope (supports 4): upgrade fnscope"
+        format!("trace format version 9 is newer than this fnscope (supports {}): upgrade fnscope", fnscope_format::FORMAT_VERSION)
     );
     assert!(info(&dir).is_err());
     assert!(replay_lines(&dir, None, &mut Vec::new()).is_err());

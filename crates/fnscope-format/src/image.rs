@@ -1,5 +1,5 @@
-//! Parsing and printing of the agent's image tables (`DIR/images/<sid>.txt`, also stored
-//! verbatim in IMAGE chunks). The text format is specified in `fnscope_abi::image`.
+//! Parsing and printing of the agent's image tables (`DIR/images/<sid>.txt`, also stored in
+//! IMAGE chunks, compressed from format version 5 on). The text format is specified in `fnscope_abi::image`.
 
 use crate::FormatError;
 use fnscope_abi::image::{MAGIC, VERSION};
@@ -267,6 +267,15 @@ impl ImageTable {
             .filter(|m| m.index == index)
             .or_else(|| self.modules.iter().find(|m| m.index == index))
     }
+}
+
+/// Where the body of an image table starts: its first `func` or `skip` line, or its end.
+/// The lines before (process, arguments, the first module with its load bias) differ from
+/// process to process; the first module's functions after them are the same for every
+/// process of a program (the analysis they come from depends on the binary alone), so a
+/// writer can store them once.
+pub(crate) fn body_start(text: &str) -> usize {
+    ["\nfunc\t", "\nskip\t"].into_iter().filter_map(|kw| text.find(kw)).min().map_or(text.len(), |at| at + 1)
 }
 
 fn dec<T: std::str::FromStr>(s: &str) -> Option<T> {

@@ -190,12 +190,12 @@ fn refuses_other_files_and_versions() {
     let dir = tmpdir("refuse");
     let (path, _) = write_sample(&dir);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     std::fs::write(&path, &bytes).unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
     assert_eq!(
         e,
-        "trace format version 5 is newer than this fnscope (supports 4): upgrade fnscope"
+        format!("trace format version {} is newer than this fnscope (supports {FORMAT_VERSION}): upgrade fnscope", FORMAT_VERSION + 1)
     );
     std::fs::write(&path, b"hello world, not a trace").unwrap();
     let e = TraceReader::open(&path).err().unwrap().to_string();
@@ -698,4 +698,71 @@ fn raw_chunks_cut_short_or_damaged_are_reported() {
     let e = compact(&cut, |_, _| {}).unwrap_err().to_string();
     assert!(e.contains("not compacted"), "{e}");
     assert_eq!(std::fs::read(&cut).unwrap(), &whole[..whole.len() - 300]);
+}
+
+/// A table of `n` functions of process `pid`, its module loaded at `bias`.
+fn big_image(pid: u32, bias: u64, n: u32) -> String {
+    let mut t = format!("fnscope-image\t1\npid\t{pid}\nexe\t/bin/cc1\narg\tcc1\nmodule\t0\t{bias:x}\t-\t/bin/cc1\n");
+    for i in 0..n {
+        t += &format!("func\t{i}\t0\t{:x}\t{}\tfunction_number_{i}\n", 0x1000 + 64 * i, 20 + i % 40);
+    }
+    t + "skip\t0\tffff0\t3\ttoo-short\t-\ttiny\n"
+}
+
+/// Version 5 stores image tables as a head frame and a body frame, the body frame shared by
+/// tables that differ only in their head (processes of one program); version 4 stores the
+/// text. Either way the tables read back as written, and a damaged packed table is refused.
+#[test]
+fn image_tables_are_packed_and_bodies_shared() {
+    let dir = tmpdir("images");
+    let tables = [(0, big_image(7, 0x5500_0000_0000, 5000)), (1, big_image(8, 0x5600_0000_0000, 5000)), (2, big_image(9, 0, 4000)), (3, IMAGE.replace("func\t0\t0\t1000\t40\tfib\n", ""))];
+    let payloads = |version| {
+        let path = dir.join(format!("v{version}.fns"));
+        let mut w = TraceWriter::create_as(&path, version).unwrap();
+        w.write_meta(&sample_meta()).unwrap();
+        for (sid, text) in &tables {
+            w.write_image(*sid, text).unwrap();
+        }
+        w.write_end(&sample_end()).unwrap();
+        w.flush().unwrap();
+        let (chunks, truncated) = read_all(&path).unwrap();
+        assert!(!truncated);
+        let read: Vec<_> = chunks.into_iter().filter_map(|c| match c { Chunk::Image { sid, table } => Some((sid, table)), _ => None }).collect();
+        let want: Vec<_> = tables.iter().map(|(sid, t)| (*sid, ImageTable::parse(*sid, t).unwrap())).collect();
+        assert_eq!(read, want, "version {version}");
+        let mut r = TraceReader::open(&path).unwrap();
+        let mut out = Vec::new();
+        while let Some((kind, p)) = r.next_verbatim().unwrap() {
+            if kind == KIND_IMAGE {
+                out.push(p.to_vec());
+            }
+        }
+        (path, out)
+    };
+    let (_, plain) = payloads(4);
+    for ((_, text), p) in tables.iter().zip(&plain) {
+        assert_eq!(&p[4..], text.as_bytes());
+    }
+    let (path, packed) = payloads(5);
+    let body = |p: &[u8]| p[8 + le32(p, 4) as usize..].to_vec();
+    assert_eq!(body(&packed[0]), body(&packed[1]), "same body, same frame");
+    assert_ne!(body(&packed[0]), body(&packed[2]));
+    assert!(packed[0].len() * 4 < tables[0].1.len(), "{} bytes for a table of {}", packed[0].len(), tables[0].1.len());
+
+    // A head length past the chunk's end, then a body frame that does not decode, each in a
+    // chunk whose checksum is right.
+    let mut short = packed[2].clone();
+    short[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let mut garbled = packed[2].clone();
+    let n = garbled.len();
+    garbled[n - 40..n - 8].fill(0x55);
+    for (p, why) in [(short, "shorter than its head"), (garbled, "does not decompress")] {
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&chunk_head(KIND_IMAGE, p.len() as u32, &[&p]));
+        bytes.extend_from_slice(&p);
+        let bad = dir.join("bad.fns");
+        std::fs::write(&bad, &bytes).unwrap();
+        let e = read_all(&bad).unwrap_err().to_string();
+        assert!(e.contains(why), "{e}");
+    }
 }
