@@ -376,21 +376,22 @@ pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> [u8; COUNT_CODE_OFFSE
     h
 }
 
-/// Builds the slots for `plans` (in function index order) in a new area near `[lo, hi)`,
-/// moving prologues through `relocs`, and returns the patches to write. Plans whose prologue
+/// Builds the slots for `plans` (in function index order) in a new area near the module
+/// `obj`, moving prologues through its cached relocations (stored again if most were new),
+/// and returns the patches to write. Plans whose prologue
 /// cannot be relocated, or whose island's donor could not be built, are returned in the error
 /// list with a reason.
 #[allow(clippy::too_many_arguments)]
 fn build_slots(
-    lo: u64,
-    hi: u64,
+    obj: &Loaded,
     plans: &[Planned],
     kind: SlotKind,
     next_id: &mut u32,
     max_id: u32,
     descs: &mut std::collections::HashMap<usize, crate::args::Desc>,
-    relocs: &mut crate::plan_cache::Relocations,
 ) -> Result<Built, String> {
+    let (lo, hi) = (obj.lo, obj.hi);
+    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, kind.name(), obj.bias);
     let code_offset = match kind {
         SlotKind::Trace | SlotKind::Prehook => SLOT_CODE_OFFSET,
         SlotKind::Count => COUNT_CODE_OFFSET,
@@ -521,6 +522,7 @@ fn build_slots(
         off += len;
     }
     set_prot(area.base, area.len, PROT_READ | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;
+    relocs.finish();
     Ok(Built { patches, failed, ids, args_lines })
 }
 
@@ -726,10 +728,7 @@ pub fn plan_module(
     } else {
         Default::default()
     };
-    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, kind.name(), obj.bias);
-    let built = build_slots(obj.lo, obj.hi, &plans, kind, &mut table.next_id, max_id, &mut descs, &mut relocs)
-        .map_err(|e| format!("{}: {e}", obj.path.display()))?;
-    relocs.finish();
+    let built = build_slots(obj, &plans, kind, &mut table.next_id, max_id, &mut descs).map_err(|e| format!("{}: {e}", obj.path.display()))?;
     table.text.push_str(&built.args_lines);
     for (i, why) in built.failed {
         skips.push((i, skip_reason::UNRELOCATABLE, why.into()));
@@ -776,9 +775,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)], traced: bool) -> Result<usi
     if plans.is_empty() {
         return Ok(0);
     }
-    let mut relocs = crate::plan_cache::Relocations::of(&obj.path, SlotKind::Prehook.name(), obj.bias);
-    let built = build_slots(obj.lo, obj.hi, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default(), &mut relocs)?;
-    relocs.finish();
+    let built = build_slots(obj, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default())?;
     if let Some((_, why)) = write_patches(&built.patches).into_iter().next() {
         return Err(why);
     }

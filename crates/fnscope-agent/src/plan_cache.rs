@@ -114,6 +114,21 @@ impl Analysis {
         u64::from_le_bytes(self.word(i, 0))
     }
 
+    /// The index of the function at (link-time) `addr`, if there is one: functions come in
+    /// address order, one per address, as the inventory lists them.
+    pub fn index_of(&self, addr: u64) -> Option<usize> {
+        let (mut lo, mut hi) = (0, self.count());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.address(mid) < addr {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo < self.count() && self.address(lo) == addr).then_some(lo)
+    }
+
     /// Function `i`'s size in bytes (0 if unknown).
     pub fn size(&self, i: usize) -> u64 {
         u64::from_le_bytes(self.word(i, 8))
@@ -245,24 +260,21 @@ impl Analysis {
     }
 }
 
-/// [`Analysis::as_is`] of each function given its verdict.
-fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict]) -> (Vec<(u32, u8)>, Vec<u8>) {
+/// [`Analysis::as_is`] of each function given its verdict: where its prologue starts in the
+/// bytes returned (its length is the hook's `relocate_len`), if it moves as it is.
+fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict]) -> (Vec<Option<u32>>, Vec<u8>) {
     let mut bytes = Vec::new();
     let ranges = inv
         .functions
         .iter()
         .zip(verdicts)
         .map(|(f, v)| {
-            let Some(h) = v.hook() else { return (0, 0) };
+            let h = v.hook()?;
             let code = inv.code_bytes(data, f.address).and_then(|c| c.get(..usize::from(h.relocate_len)));
-            match code.filter(|c| fnscope_x86::moves_as_is(c)) {
-                Some(c) => {
-                    let at = bytes.len() as u32;
-                    bytes.extend_from_slice(c);
-                    (at, h.relocate_len)
-                }
-                None => (0, 0),
-            }
+            let c = code.filter(|c| fnscope_x86::moves_as_is(c))?;
+            let at = bytes.len() as u32;
+            bytes.extend_from_slice(c);
+            Some(at)
         })
         .collect();
     (ranges, bytes)
@@ -302,12 +314,10 @@ pub fn analyse(path: &Path, ra: ReturnAddress) -> Result<Analysis, String> {
         return Ok(a);
     }
     let key = cache_key(path, &format!("{ra:?}"));
-    if let Some((file, key)) = &key {
-        if let Some(a) = read_analysis(file, key) {
-            return Ok(a);
-        }
+    if let Some(a) = key.as_ref().and_then(|(file, key)| read_analysis(file, key)) {
+        return Ok(a);
     }
-    Ok(analyse_file(path, ra, &[])?.0)
+    Ok(analyse_file(path, ra, &[], key)?.0)
 }
 
 /// The pre-hookable functions among those at (link-time) `addresses` of the module at `path`:
@@ -325,18 +335,19 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
     let (entries, a) = if traced {
         // The module is about to be analysed for tracing: that analysis, made now and kept
         // for it, tells which of these entries can take a hook with the return address kept.
-        let (a, kept) = analyse_file(path, ReturnAddress::Replaced, addresses)?;
-        let size = |addr: u64| (0..a.count()).find(|&i| a.address(i) == addr).map_or(0, |i| a.size(i));
+        let (a, kept) = analyse_file(path, ReturnAddress::Replaced, addresses, cache_key(path, &format!("{:?}", ReturnAddress::Replaced)))?;
+        let size = |addr: u64| a.index_of(addr).map_or(0, |i| a.size(i));
         let entries = addresses.iter().zip(kept).filter_map(|(&addr, hook)| Some((addr, size(addr), hook?))).collect();
         (entries, a)
     } else {
-        let a = match cache_key(path, &format!("{:?}", ReturnAddress::Kept)).and_then(|(file, k)| read_analysis(&file, &k)) {
+        let key = cache_key(path, &format!("{:?}", ReturnAddress::Kept));
+        let a = match key.as_ref().and_then(|(file, k)| read_analysis(file, k)) {
             Some(a) => a,
-            None => analyse_file(path, ReturnAddress::Kept, &[])?.0,
+            None => analyse_file(path, ReturnAddress::Kept, &[], key)?.0,
         };
         let mut entries = Vec::new();
         for &addr in addresses {
-            let Some(i) = (0..a.count()).find(|&i| a.address(i) == addr) else { continue };
+            let Some(i) = a.index_of(addr) else { continue };
             if let VerdictRef::Hookable(hook @ Hook { form: HookForm::Entry, .. }) = a.verdict(i) {
                 entries.push((addr, a.size(i), hook));
             }
@@ -412,16 +423,15 @@ fn store(file: &Path, o: &[u8]) {
     }
 }
 
-/// Reads and analyses the module at `path` in mode `ra` and caches the result; also tells
-/// which functions at `kept_entries` can take an entry hook with their return address kept
-/// (see [`fnscope_x86::analyze_with_kept_entries`]).
-fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64]) -> Result<(Analysis, Vec<Option<Hook>>), String> {
+/// Reads and analyses the module at `path` in mode `ra` and caches the result under `key`
+/// (its [`cache_key`] in that mode); also tells which functions at `kept_entries` can take an
+/// entry hook with their return address kept (see [`fnscope_x86::analyze_with_kept_entries`]).
+fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64], key: Option<(PathBuf, String)>) -> Result<(Analysis, Vec<Option<Hook>>), String> {
     let data = crate::sys::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let inv = fnscope_symbols::load_bytes(path, &data).map_err(|e| e.to_string())?;
     let debug = debug_files(inv.debug_file.as_deref(), inv.build_id.as_deref());
     let (verdicts, kept) = fnscope_x86::analyze_with_kept_entries(&inv, &data, ra, threads(), kept_entries);
     let as_is = as_is_of(&inv, &data, &verdicts);
-    let key = cache_key(path, &format!("{ra:?}"));
     let k = key.as_ref().map_or("", |(_, k)| k.as_str());
     let bug = || format!("{}: the analysis cannot be encoded (a bug of fnscope)", path.display());
     let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, &verdicts, &as_is).ok_or_else(bug)?);
@@ -513,7 +523,7 @@ fn header(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)]) -> Vec<u8> {
 /// The cache file of a first analysis (without its checksum): the functions' table text, skip
 /// details and displaced bytes, then a [`RECORD`] per function pointing into them.
 /// `None` if a verdict carries a skip reason missing from [`REASONS`].
-fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u8]>, functions: &[Function], verdicts: &[Verdict], as_is: &(Vec<(u32, u8)>, Vec<u8>)) -> Option<Vec<u8>> {
+fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u8]>, functions: &[Function], verdicts: &[Verdict], as_is: &(Vec<Option<u32>>, Vec<u8>)) -> Option<Vec<u8>> {
     let mut text = String::with_capacity(48 * functions.len());
     let mut details = String::new();
     let mut odd = Vec::new();
@@ -555,7 +565,7 @@ fn encode(key: &str, debug: &[(PathBuf, Option<[u64; 5]>)], build_id: Option<&[u
                 r[27] = form;
                 r[28..30].copy_from_slice(&island.to_le_bytes());
                 r[32..36].copy_from_slice(&donor.to_le_bytes());
-                if let Some(&(at, _)) = as_is.0.get(i).filter(|a| a.1 > 0) {
+                if let Some(&Some(at)) = as_is.0.get(i) {
                     r[24] |= AS_IS;
                     r[36..40].copy_from_slice(&at.to_le_bytes());
                 }
@@ -622,10 +632,11 @@ fn open<'a>(b: &'a [u8], key: &str) -> Option<Reader<'a>> {
 
 /// [`open`], checking the debug files' stamps only with `check_stamps` (a file just made
 /// needs no check, and a debug file changing between making and reading would fail it).
-fn open_as<'a>(b: &'a [u8], key: &str, check_stamps: bool) -> Option<Reader<'a>> {
-    // The last word sums the rest: a file damaged anywhere is not used.
+fn open_as<'a>(b: &'a [u8], key: &str, cached: bool) -> Option<Reader<'a>> {
+    // The last word sums the rest: a file damaged anywhere is not used. (Bytes just sealed
+    // here need no second sum.)
     let (body, sum) = b.split_at_checked(b.len().checked_sub(8)?)?;
-    if checksum(body).to_le_bytes() != sum {
+    if cached && checksum(body).to_le_bytes() != sum {
         return None;
     }
     let mut r = Reader { b: body.get(MAGIC.len()..)?, at: 0, debug: Vec::new() };
@@ -636,7 +647,7 @@ fn open_as<'a>(b: &'a [u8], key: &str, check_stamps: bool) -> Option<Reader<'a>>
         let path = PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(r.bytes()?));
         let present = r.u64()? == 1;
         let stamp = [r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?];
-        if check_stamps && crate::sys::file_stamp(&path) != present.then_some(stamp) {
+        if cached && crate::sys::file_stamp(&path) != present.then_some(stamp) {
             return None;
         }
         r.debug.push((path, present.then_some(stamp)));
@@ -949,7 +960,7 @@ mod tests {
             Verdict::Hookable(Hook { relocate_len: 7, form: HookForm::Borrowed { island_offset: 40, donor: 2 } }),
             Verdict::Skip { reason: skip_reason::NO_CFI, detail: String::new() },
         ];
-        let as_is = (vec![(0, 5), (0, 0), (0, 0), (5, 7), (0, 0)], vec![0x55, 0x48, 0x89, 0xe5, 0x90, 1, 2, 3, 4, 5, 6, 7]);
+        let as_is = (vec![Some(0), None, None, Some(5), None], vec![0x55, 0x48, 0x89, 0xe5, 0x90, 1, 2, 3, 4, 5, 6, 7]);
         let file = seal(encode("key", &[], Some(&[1, 2]), &functions, &verdicts, &as_is).unwrap());
         let a = Analysis::parse(file.clone(), "key", true).unwrap();
         assert!(a.cached);
