@@ -9,8 +9,12 @@
 
 #![warn(missing_docs)]
 
+mod compact;
 mod events;
 mod image;
+mod segment;
+
+pub use compact::{compact, Compacted};
 
 pub use image::{FuncEntry, ImageTable, ModuleEntry, SkipEntry, ValuesEntry};
 
@@ -388,75 +392,20 @@ pub fn split_data_into(raw: &[Record], records: &mut Vec<Record>, data: &mut Cal
     data.words.truncate(start);
 }
 
-/// A RAW chunk's payload: its header (as a segment without records) and its slots, or `None`
-/// when its length does not match the slot count it gives.
-fn raw_parts(p: &[u8]) -> Option<(ThreadSegment, Vec<Record>)> {
+/// What is wrong with a RAW chunk that [`raw_parts`] refuses.
+const RAW_SLOT_COUNT_MISMATCH: &str = "RAW chunk's length does not match its slot count";
+
+/// A RAW chunk's payload: its header (as a segment without records), its slots put in
+/// `slots` (cleared first), or `None` when its length does not match the slot count it gives.
+fn raw_parts(p: &[u8], slots: &mut Vec<Record>) -> Option<ThreadSegment> {
     let body = p.get(EVENTS_HEADER_SIZE..)?;
     let nslots = le32(p, 20) as usize;
     if body.len() != nslots.checked_mul(fnscope_abi::RECORD_SIZE)? {
         return None;
     }
-    let head = segment_head(p);
-    let slots = body.chunks_exact(fnscope_abi::RECORD_SIZE).map(|s| Record { t_entry: le64(s, 0), t_exit: le64(s, 8), id_depth: le64(s, 16) }).collect();
-    Some((head, slots))
-}
-
-/// What [`compact`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Compacted {
-    /// RAW chunks turned into EVENTS (and CALLDATA) chunks.
-    pub raw_chunks: u64,
-    /// Size of the file before.
-    pub bytes_before: u64,
-    /// Size of the file after.
-    pub bytes_after: u64,
-}
-
-/// Rewrites the trace file at `path` with every RAW chunk encoded and compressed as the EVENTS
-/// chunk (and CALLDATA chunk) it stands for, every other chunk copied unchanged, in the same
-/// order and format version (a version 1 file, whose checksums are not written any more,
-/// becomes version 2). The new file replaces the old one only once it is whole: if anything fails (a
-/// damaged chunk, a file cut short, an error writing), the old one stays, and it reads the
-/// same. `progress` is told the bytes read so far and the size.
-pub fn compact(path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
-    let mut reader = TraceReader::open(path)?;
-    let path = reader.path().to_path_buf();
-    let size = std::fs::metadata(&path).map_err(io_err("read", &path))?.len();
-    let tmp = path.with_extension("fns.compacting");
-    // The chunks copied unchanged keep their meaning only in a file of their version (from 2:
-    // a writer's checksums cover kind and length, and a version 1 file holds no RAW chunks).
-    let mut writer = TraceWriter::create_as(&tmp, reader.version.max(CHECKSUM_OF_HEAD_SINCE))?;
-    let mut done = Compacted { bytes_before: size, ..Default::default() };
-    let (mut calls, mut data) = (Vec::new(), CallData::default());
-    let result = (|| {
-        loop {
-            let at = reader.offset();
-            let Some((kind, payload)) = reader.next_verbatim()? else { break };
-            if kind == KIND_RAW {
-                let Some((h, slots)) = raw_parts(payload) else {
-                    return Err(FormatError::Corrupt { path: path.clone(), offset: at, what: "RAW chunk's length does not match its slot count".into() });
-                };
-                split_data_into(&slots, &mut calls, &mut data);
-                writer.write_segment(h.image_sid, h.pid, h.tid, h.seq, h.lost, h.flags, &calls, &data)?;
-                done.raw_chunks += 1;
-            } else {
-                writer.emit(kind, payload)?;
-            }
-            progress(reader.offset(), size);
-        }
-        if reader.truncated() {
-            return Err(FormatError::Corrupt { path: path.clone(), offset: reader.offset(), what: "the file ends inside a chunk or before its END chunk: not compacted".into() });
-        }
-        writer.flush()?;
-        done.bytes_after = writer.bytes_written();
-        drop(writer);
-        std::fs::rename(&tmp, &path).map_err(io_err("replace", &path))
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    Ok(done)
+    slots.clear();
+    slots.extend(body.chunks_exact(fnscope_abi::RECORD_SIZE).map(|s| Record { t_entry: le64(s, 0), t_exit: le64(s, 8), id_depth: le64(s, 16) }));
+    Some(segment_head(p))
 }
 
 /// Asks for the cache line at `p` (a hint: any address is allowed, none is read).
@@ -598,12 +547,11 @@ pub struct TraceWriter {
     out: BufWriter<File>,
     written: u64,
     payload: Vec<u8>,
+    /// Uncompressed bytes of a COUNTS or SUMMARY chunk.
     columns: Vec<u8>,
-    scratch: events::ColumnScratch,
-    data_varints: events::VarintBuf,
-    zstd: zstd::bulk::Compressor<'static>,
-    /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
-    data_zstd: Option<zstd::bulk::Compressor<'static>>,
+    enc: segment::SegmentEncoder,
+    /// The last segment's payloads, kept for their buffers.
+    segment: segment::SegmentPayloads,
     /// Compressor of image tables, made with the first one.
     image_zstd: Option<zstd::bulk::Compressor<'static>>,
     /// The last few image table bodies compressed, with their frames: a build starts the
@@ -631,18 +579,14 @@ impl TraceWriter {
             return Err(invalid("create", path, format!("fnscope writes format versions {CHECKSUM_OF_HEAD_SINCE} to {FORMAT_VERSION}, not {version}")));
         }
         let file = File::create(path).map_err(io_err("create", path))?;
-        let zstd = zstd::bulk::Compressor::new(events::ZSTD_LEVEL)
-            .map_err(io_err("set up compression for", path))?;
         let mut w = TraceWriter {
             path: path.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, file),
             written: 0,
             payload: Vec::new(),
             columns: Vec::new(),
-            scratch: Default::default(),
-            data_varints: Default::default(),
-            zstd,
-            data_zstd: None,
+            enc: segment::SegmentEncoder::new(path, version)?,
+            segment: Default::default(),
             image_zstd: None,
             packed_bodies: Vec::new(),
             raw_chunks: 0,
@@ -738,7 +682,8 @@ impl TraceWriter {
     }
 
     /// Writes an EVENTS chunk: one thread's records from one shared-memory chunk, in the
-    /// order the agent wrote them.
+    /// order the agent wrote them; before it, a CALLDATA chunk of the data units in `data`
+    /// if there are any.
     #[allow(clippy::too_many_arguments)]
     pub fn write_segment(
         &mut self,
@@ -751,23 +696,18 @@ impl TraceWriter {
         records: &[Record],
         data: &CallData,
     ) -> Result<(), FormatError> {
-        if !data.is_empty() {
-            self.write_call_data(pid, tid, seq, data)?;
+        let mut seg = std::mem::take(&mut self.segment);
+        let r = self.enc.encode(image_sid, pid, tid, seq, lost, flags, records, data, &mut seg).and_then(|()| self.emit_segment(&seg));
+        self.segment = seg;
+        r
+    }
+
+    /// Writes a segment's chunks: its CALLDATA chunk if it has one, then its EVENTS chunk.
+    fn emit_segment(&mut self, seg: &segment::SegmentPayloads) -> Result<(), FormatError> {
+        if !seg.calldata.is_empty() {
+            self.emit(KIND_CALLDATA, &seg.calldata)?;
         }
-        let nrec = u32::try_from(records.len()).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
-        self.columns.clear();
-        events::encode_columns(records, &mut self.columns, &mut self.scratch, timing_of(self.version));
-        let p = &mut self.payload;
-        p.clear();
-        p.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
-        p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
-        // Compress straight behind the header: the cursor makes zstd append to the payload.
-        let mut cur = io::Cursor::new(&mut self.payload);
-        cur.set_position(EVENTS_HEADER_SIZE as u64);
-        self.zstd
-            .compress_to_buffer(&self.columns, &mut cur)
-            .map_err(io_err("compress records for", &self.path))?;
-        self.chunk(KIND_EVENTS)
+        self.emit(KIND_EVENTS, &seg.events)
     }
 
     /// Writes a RAW chunk: the EVENTS header, then `slots` (call records and data slots, as
@@ -802,38 +742,6 @@ impl TraceWriter {
         self.raw_chunks
     }
 
-    /// Writes a CALLDATA chunk: `u32 pid, u32 tid, u64 seq, u32 units`, then one zstd frame of
-    /// varints, per unit: record index minus the previous unit's (the first: the index),
-    /// number of words, the words.
-    fn write_call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &CallData) -> Result<(), FormatError> {
-        let zstd = match &mut self.data_zstd {
-            Some(z) => z,
-            None => self.data_zstd.insert(zstd::bulk::Compressor::new(events::DATA_ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?),
-        };
-        let mut out = self.data_varints.writer(2 * data.len() + data.word_count());
-        let mut prev = 0u32;
-        for (record, words) in data.iter() {
-            out.put(u64::from(record.wrapping_sub(prev)));
-            out.put(words.len() as u64);
-            for &w in words {
-                out.put(w);
-            }
-            prev = record;
-        }
-        let varints = out.bytes();
-        let p = &mut self.payload;
-        p.clear();
-        p.extend_from_slice(&pid.to_le_bytes());
-        p.extend_from_slice(&tid.to_le_bytes());
-        p.extend_from_slice(&seq.to_le_bytes());
-        p.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        p.reserve(zstd::zstd_safe::compress_bound(varints.len()));
-        let mut cur = io::Cursor::new(&mut self.payload);
-        cur.set_position(CALLDATA_HEADER_SIZE as u64);
-        zstd.compress_to_buffer(varints, &mut cur).map_err(io_err("compress call data for", &self.path))?;
-        self.chunk(KIND_CALLDATA)
-    }
-
     /// Writes a COUNTS chunk.
     pub fn write_counts(&mut self, c: &CountsSegment) -> Result<(), FormatError> {
         let n = u32::try_from(c.counts.len()).ok().filter(|&n| n <= MAX_COUNTS).ok_or_else(|| invalid("write", &self.path, "too many counters in one chunk"))?;
@@ -847,12 +755,7 @@ impl TraceWriter {
         p.extend_from_slice(&c.pid.to_le_bytes());
         p.extend_from_slice(&c.tid.to_le_bytes());
         p.extend_from_slice(&n.to_le_bytes());
-        p.reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
-        let mut cur = io::Cursor::new(&mut self.payload);
-        cur.set_position(COUNTS_HEADER_SIZE as u64);
-        self.zstd
-            .compress_to_buffer(&self.columns, &mut cur)
-            .map_err(io_err("compress counts for", &self.path))?;
+        self.enc.compress(&self.columns, &mut self.payload).map_err(io_err("compress counts for", &self.path))?;
         self.chunk(KIND_COUNTS)
     }
 
@@ -861,11 +764,7 @@ impl TraceWriter {
         self.columns.clear();
         serde_json::to_writer(&mut self.columns, s).expect("ModuleSummary serializes");
         self.payload.clear();
-        self.payload
-            .reserve(zstd::zstd_safe::compress_bound(self.columns.len()));
-        self.zstd
-            .compress_to_buffer(&self.columns, &mut self.payload)
-            .map_err(io_err("compress the summary for", &self.path))?;
+        self.enc.compress(&self.columns, &mut self.payload).map_err(io_err("compress the summary for", &self.path))?;
         self.chunk(KIND_SUMMARY)
     }
 
@@ -1114,6 +1013,17 @@ impl TraceReader {
         Ok(Some(chunk))
     }
 
+    /// The file's format version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Gives the payload of the chunk [`TraceReader::next_verbatim`] returned last to the
+    /// caller, who gives `buf` in exchange: the reader clears it before it reads into it.
+    pub(crate) fn swap_payload(&mut self, buf: &mut Vec<u8>) {
+        std::mem::swap(&mut self.payload, buf);
+    }
+
     /// Reads one chunk's header and payload (into `self.payload`) and checks its checksum:
     /// its offset and kind (`None` for a chunk passed over unread). `Ok(None)` at the end, or
     /// at a chunk cut short (then `done` is set).
@@ -1297,7 +1207,8 @@ impl TraceReader {
     }
 
     fn decode_raw(&mut self, at: u64) -> Result<ThreadSegment, FormatError> {
-        let (head, slots) = raw_parts(&self.payload).ok_or_else(|| self.corrupt(at, "RAW chunk's length does not match its slot count"))?;
+        let mut slots = Vec::new();
+        let head = raw_parts(&self.payload, &mut slots).ok_or_else(|| self.corrupt(at, RAW_SLOT_COUNT_MISMATCH))?;
         let (records, data) = split_data(&slots);
         Ok(ThreadSegment { records, data, ..head })
     }

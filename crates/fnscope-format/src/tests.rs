@@ -616,17 +616,22 @@ fn write_chunks_as(path: &Path, version: u32, raw: impl Fn(usize) -> bool) -> u6
     w.write_meta(&sample_meta()).unwrap();
     w.write_image(0, IMAGE).unwrap();
     for (seq, slots) in raw_chunks().iter().enumerate() {
-        if raw(seq) {
-            w.write_raw_segment(0, 7, 8, seq as u64, 0, 0, slots).unwrap();
-        } else {
-            let (recs, data) = split_data(slots);
-            w.write_segment(0, 7, 8, seq as u64, 0, 0, &recs, &data).unwrap();
-        }
+        write_slots(&mut w, seq, slots, raw(seq));
     }
     w.write_end(&sample_end()).unwrap();
     w.flush().unwrap();
     assert_eq!(w.bytes_written(), std::fs::metadata(path).unwrap().len());
     w.raw_chunks()
+}
+
+/// Writes chunk `seq` of thread 7.8: `slots` as they are (RAW), or split and compressed.
+fn write_slots(w: &mut TraceWriter, seq: usize, slots: &[Record], raw: bool) {
+    if raw {
+        w.write_raw_segment(0, 7, 8, seq as u64, 0, 0, slots).unwrap();
+    } else {
+        let (recs, data) = split_data(slots);
+        w.write_segment(0, 7, 8, seq as u64, 0, 0, &recs, &data).unwrap();
+    }
 }
 
 fn version_of(path: &Path) -> u32 {
@@ -662,6 +667,80 @@ fn raw_chunks_read_as_their_events_and_compact_to_the_same_bytes() {
     // The same encoder, the same chunks: the file written without RAW chunks, byte for byte.
     assert_eq!(std::fs::read(&mixed).unwrap(), std::fs::read(&plain).unwrap());
     assert!(!dir.join("mixed.fns.compacting").exists());
+}
+
+/// Twelve segments of [`raw_chunks`] (four rounds of the three), each written RAW when `raw`
+/// says so.
+fn write_many_chunks(path: &Path, raw: impl Fn(usize) -> bool) {
+    let mut w = TraceWriter::create(path).unwrap();
+    w.write_meta(&sample_meta()).unwrap();
+    w.write_image(0, IMAGE).unwrap();
+    for (seq, slots) in raw_chunks().iter().cycle().take(12).enumerate() {
+        if seq == 6 {
+            // Another chunk among RAW chunks being encoded: it keeps its place.
+            w.write_image(1, IMAGE).unwrap();
+        }
+        write_slots(&mut w, seq, slots, raw(seq));
+    }
+    w.write_end(&sample_end()).unwrap();
+}
+
+/// However many threads encode and however many chunks they have at once, the compacted file
+/// is the one written without RAW chunks, byte for byte.
+#[test]
+fn compaction_on_several_threads_gives_the_same_bytes() {
+    let dir = tmpdir("compactpar");
+    let plain = dir.join("plain.fns");
+    write_many_chunks(&plain, |_| false);
+    let want = std::fs::read(&plain).unwrap();
+    for (workers, in_flight) in [(1, 64), (3, 2), (2, 5), (4, 64), (16, 1)] {
+        let mixed = dir.join("mixed.fns");
+        write_many_chunks(&mixed, |seq| seq % 4 != 1);
+        let c = compact::compact_with(&mixed, workers, in_flight, |_, _| {}).unwrap();
+        assert_eq!(c.raw_chunks, 9, "{workers} workers, {in_flight} in flight");
+        assert_eq!(std::fs::read(&mixed).unwrap(), want, "{workers} workers, {in_flight} in flight");
+    }
+}
+
+/// Of two damaged RAW chunks, the first in the file is the one reported, whichever thread
+/// met its damage first.
+#[test]
+fn compaction_reports_the_first_damaged_chunk() {
+    let dir = tmpdir("compactbad");
+    let path = dir.join("bad.fns");
+    write_many_chunks(&path, |_| true);
+    let mut b = std::fs::read(&path).unwrap();
+    let raws: Vec<usize> = chunk_offsets(&b).into_iter().filter(|&at| le32(&b, at) == KIND_RAW).collect();
+    assert_eq!(raws.len(), 12);
+    for &at in [raws[4], raws[10]].iter() {
+        let body = at + CHUNK_HEADER_SIZE as usize;
+        let len = le32(&b, at + 4) as usize;
+        b[body + 20] ^= 1;
+        let crc = chunk_checksum(KIND_RAW, &b[body..body + len]);
+        b[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+    }
+    std::fs::write(&path, &b).unwrap();
+    for (workers, in_flight) in [(1, 64), (3, 64), (2, 3)] {
+        match compact::compact_with(&path, workers, in_flight, |_, _| {}) {
+            Err(FormatError::Corrupt { offset, what, .. }) => {
+                assert_eq!(offset, raws[4] as u64, "{workers} workers, {in_flight} in flight: {what}");
+                assert!(what.contains("slot count"), "{what}");
+            }
+            r => panic!("{workers} workers, {in_flight} in flight: {r:?}"),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), b);
+        assert!(!dir.join("bad.fns.compacting").exists());
+    }
+    // The same file cut short after the damaged chunk: the chunks read before the cut come
+    // first, and the damaged one among them is what is reported.
+    let cut = dir.join("cut.fns");
+    std::fs::write(&cut, &b[..b.len() - 300]).unwrap();
+    for (workers, in_flight) in [(1, 1), (2, 64)] {
+        match compact::compact_with(&cut, workers, in_flight, |_, _| {}) {
+            Err(FormatError::Corrupt { offset, .. }) => assert_eq!(offset, raws[4] as u64, "{workers} workers, {in_flight} in flight"),
+            r => panic!("{workers} workers, {in_flight} in flight: {r:?}"),
+        }
+    }
 }
 
 #[test]

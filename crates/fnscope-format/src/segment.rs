@@ -1,0 +1,122 @@
+//! One thread segment encoded into the payloads of its CALLDATA and EVENTS chunks: the
+//! writer's encoder, and one per worker of [`crate::compact`], which encodes RAW chunks on
+//! every processor.
+
+use crate::{events, events_head, invalid, io_err, CallData, FormatError};
+use fnscope_abi::Record;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The payloads of one segment's chunks, kept by their owner from segment to segment.
+#[derive(Default)]
+pub(crate) struct SegmentPayloads {
+    /// The CALLDATA chunk's payload; empty when no call of the segment has data.
+    pub(crate) calldata: Vec<u8>,
+    /// The EVENTS chunk's payload.
+    pub(crate) events: Vec<u8>,
+}
+
+/// Encodes segments: the column encoder's buffers and the compressors, made once.
+pub(crate) struct SegmentEncoder {
+    /// The trace file the segments belong to, for error messages.
+    path: PathBuf,
+    /// How the file's version stores times.
+    timing: events::Timing,
+    /// The uncompressed columns of the segment being encoded.
+    columns: Vec<u8>,
+    /// The column encoder's buffers.
+    scratch: events::ColumnScratch,
+    /// The uncompressed varints of a CALLDATA chunk.
+    data_varints: events::VarintBuf,
+    /// Compressor of EVENTS chunks, and of the writer's COUNTS and SUMMARY chunks.
+    zstd: zstd::bulk::Compressor<'static>,
+    /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
+    data_zstd: Option<zstd::bulk::Compressor<'static>>,
+}
+
+impl SegmentEncoder {
+    /// An encoder of segments of a file of format `version` at `path`.
+    pub(crate) fn new(path: &Path, version: u32) -> Result<SegmentEncoder, FormatError> {
+        Ok(SegmentEncoder {
+            path: path.to_path_buf(),
+            timing: crate::timing_of(version),
+            columns: Vec::new(),
+            scratch: Default::default(),
+            data_varints: Default::default(),
+            zstd: zstd::bulk::Compressor::new(events::ZSTD_LEVEL).map_err(io_err("set up compression for", path))?,
+            data_zstd: None,
+        })
+    }
+
+    /// The trace file the segments belong to.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends a frame of `src` to `p`, at the level of EVENTS chunks.
+    pub(crate) fn compress(&mut self, src: &[u8], p: &mut Vec<u8>) -> io::Result<()> {
+        append_frame(&mut self.zstd, src, p)
+    }
+
+    /// Encodes one thread's records from one shared-memory chunk, and the data units of those
+    /// calls that have one, into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn encode(
+        &mut self,
+        image_sid: u32,
+        pid: u32,
+        tid: u32,
+        seq: u64,
+        lost: u64,
+        flags: u32,
+        records: &[Record],
+        data: &CallData,
+        out: &mut SegmentPayloads,
+    ) -> Result<(), FormatError> {
+        out.calldata.clear();
+        if !data.is_empty() {
+            self.call_data(pid, tid, seq, data, &mut out.calldata)?;
+        }
+        let nrec = u32::try_from(records.len()).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
+        self.columns.clear();
+        events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
+        out.events.clear();
+        out.events.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
+        append_frame(&mut self.zstd, &self.columns, &mut out.events).map_err(io_err("compress records for", &self.path))
+    }
+
+    /// Appends a CALLDATA chunk's payload to `p`: `u32 pid, u32 tid, u64 seq, u32 units`, then
+    /// one zstd frame of varints, per unit: record index minus the previous unit's (the
+    /// first: the index), number of words, the words.
+    fn call_data(&mut self, pid: u32, tid: u32, seq: u64, data: &CallData, p: &mut Vec<u8>) -> Result<(), FormatError> {
+        let zstd = match &mut self.data_zstd {
+            Some(z) => z,
+            None => self.data_zstd.insert(zstd::bulk::Compressor::new(events::DATA_ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?),
+        };
+        let mut out = self.data_varints.writer(2 * data.len() + data.word_count());
+        let mut prev = 0u32;
+        for (record, words) in data.iter() {
+            out.put(u64::from(record.wrapping_sub(prev)));
+            out.put(words.len() as u64);
+            for &w in words {
+                out.put(w);
+            }
+            prev = record;
+        }
+        p.extend_from_slice(&pid.to_le_bytes());
+        p.extend_from_slice(&tid.to_le_bytes());
+        p.extend_from_slice(&seq.to_le_bytes());
+        p.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        append_frame(zstd, out.bytes(), p).map_err(io_err("compress call data for", &self.path))
+    }
+}
+
+/// Appends a zstd frame of `src` to `p`, compressed in place: through a cursor at its end,
+/// zstd writes behind what `p` holds, with no buffer in between.
+fn append_frame(zstd: &mut zstd::bulk::Compressor<'static>, src: &[u8], p: &mut Vec<u8>) -> io::Result<()> {
+    p.reserve(zstd::zstd_safe::compress_bound(src.len()));
+    let at = p.len() as u64;
+    let mut cur = io::Cursor::new(p);
+    cur.set_position(at);
+    zstd.compress_to_buffer(src, &mut cur).map(drop)
+}
