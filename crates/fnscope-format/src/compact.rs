@@ -10,16 +10,16 @@ use crate::segment::{SegmentEncoder, SegmentPayloads};
 use crate::{io_err, raw_parts, split_data_into, CallData, FormatError, TraceReader, TraceWriter, CHECKSUM_OF_HEAD_SINCE, KIND_RAW, RAW_SLOT_COUNT_MISMATCH};
 use fnscope_abi::Record;
 use std::collections::VecDeque;
-use std::io;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Mutex;
 
-/// RAW chunks handed to the workers and not yet written, per worker: enough to keep each busy
-/// while the calling thread writes, few enough to bound the memory (chunks of 256 KiB by
-/// default; the other chunks that wait behind them are few and small: image tables, call
-/// data).
+/// RAW chunks at the workers, per worker: enough to keep each busy while the calling thread
+/// reads and writes.
 const IN_FLIGHT_PER_WORKER: usize = 4;
+/// Chunks read and not yet written, per RAW chunk at the workers: they wait behind the oldest
+/// RAW chunk not encoded yet, and bound the memory with it (chunks of 256 KiB by default).
+const QUEUED_PER_IN_FLIGHT: usize = 4;
 /// Most threads that encode.
 const MAX_WORKERS: usize = 8;
 
@@ -47,8 +47,9 @@ pub fn compact(path: &Path, progress: impl FnMut(u64, u64)) -> Result<Compacted,
     compact_with(path, workers, workers * IN_FLIGHT_PER_WORKER, progress)
 }
 
-/// [`compact`] with at most `workers` encoding threads and at most `in_flight` RAW chunks
-/// read and not yet written.
+/// [`compact`] with at most `workers` encoding threads, at most `in_flight` RAW chunks at
+/// the workers, and at most [`QUEUED_PER_IN_FLIGHT`] times as many chunks read and not yet
+/// written.
 pub(crate) fn compact_with(path: &Path, workers: usize, in_flight: usize, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
     let mut reader = TraceReader::open(path)?;
     let path = reader.path().to_path_buf();
@@ -90,13 +91,16 @@ pub(crate) fn compact_with(path: &Path, workers: usize, in_flight: usize, mut pr
                         order.copy(kind, payload, &mut writer)?;
                     } else {
                         let mut job = order.raw(at);
-                        // The chunk's bytes go with the job; the job's old buffer (a chunk
-                        // written already) is the one the reader reads into next.
+                        // Swapped, not copied: the job takes the reader's buffer and leaves
+                        // its own (of a chunk written already), so no chunk is copied or
+                        // allocated for on the way to its worker.
                         reader.swap_payload(&mut job.payload);
                         job_tx.send(job).expect("the jobs' receiver outlives this loop");
                     }
-                    if order.at_workers >= in_flight.max(1) {
+                    let queued = in_flight.max(1) * QUEUED_PER_IN_FLIGHT;
+                    while order.at_workers >= in_flight.max(1) || (order.at_workers > 0 && order.queue.len() >= queued) {
                         order.finished(done_rx.recv().expect("every job comes back"));
+                        done.raw_chunks += order.write(&mut writer)?;
                     }
                     for job in done_rx.try_iter() {
                         order.finished(job);
@@ -141,6 +145,7 @@ pub(crate) fn compact_with(path: &Path, workers: usize, in_flight: usize, mut pr
 /// worker hands it back, and chunks are written from the front while they are ready.
 #[derive(Default)]
 struct InOrder {
+    /// From the first chunk not written yet on.
     queue: VecDeque<Pending>,
     /// Index of the chunk at the front of `queue`.
     first: u64,
@@ -191,6 +196,7 @@ impl InOrder {
         r
     }
 
+    /// [`InOrder::write`], whose failures mark the queue broken.
     fn write_ready(&mut self, writer: &mut TraceWriter) -> Result<u64, FormatError> {
         let mut raws = 0;
         while let Some(p) = self.queue.front_mut() {
@@ -241,8 +247,11 @@ struct Job {
 /// One thread's encoder and buffers.
 struct Worker {
     enc: SegmentEncoder,
+    /// The RAW chunk's slots.
     slots: Vec<Record>,
+    /// Its call records, without the data slots.
     calls: Vec<Record>,
+    /// Its data units.
     data: CallData,
 }
 
@@ -260,8 +269,9 @@ impl Worker {
     fn run(mut self, jobs: &Mutex<mpsc::Receiver<Job>>, finished: mpsc::Sender<Job>) {
         // The lock is held only while waiting for a job, by code that cannot panic.
         while let Ok(mut job) = jobs.lock().map_err(drop).and_then(|rx| rx.recv().map_err(drop)) {
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.encode(&mut job))).is_err() {
-                job.failed = Some(io_err("encode (an encoding thread failed, a bug) the chunks of", self.enc.path())(io::Error::other("panic")));
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.encode(&mut job))) {
+                let why = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                job.failed = Some(FormatError::Corrupt { path: self.enc.path().to_path_buf(), offset: job.at, what: format!("encoding this RAW chunk failed (a bug in fnscope: {why})") });
             }
             if finished.send(job).is_err() {
                 break;
@@ -287,6 +297,7 @@ impl Worker {
 mod tests {
     use super::*;
 
+    /// A failure to encode the chunk at `at`.
     fn failure(at: u64) -> FormatError {
         FormatError::Corrupt { path: "t.fns".into(), offset: at, what: "test".into() }
     }
@@ -294,23 +305,16 @@ mod tests {
     /// Runs `f` on a fresh queue and a writer of a scratch file; returns the chunks written
     /// (kind and payload).
     fn written(name: &str, f: impl FnOnce(&mut InOrder, &mut TraceWriter)) -> Vec<(u32, Vec<u8>)> {
-        let dir = std::env::temp_dir().join(format!("fnscope-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.fns");
+        let path = crate::tests::tmpdir(name).join("t.fns");
         let mut w = TraceWriter::create(&path).unwrap();
         f(&mut InOrder::default(), &mut w);
         w.flush().unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        let mut at = crate::FILE_HEADER_SIZE as usize;
-        let mut chunks = Vec::new();
-        while at < bytes.len() {
-            let len = crate::le32(&bytes, at + 4) as usize;
+        let chunk = |at: usize| {
             let body = at + crate::CHUNK_HEADER_SIZE as usize;
-            chunks.push((crate::le32(&bytes, at), bytes[body..body + len].to_vec()));
-            at = body + len;
-        }
-        chunks
+            (crate::le32(&bytes, at), bytes[body..body + crate::le32(&bytes, at + 4) as usize].to_vec())
+        };
+        crate::tests::chunk_offsets(&bytes).into_iter().map(chunk).collect()
     }
 
     /// Jobs come back in any order; chunks are written in file order, and of two failed RAW

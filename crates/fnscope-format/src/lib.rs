@@ -549,6 +549,8 @@ pub struct TraceWriter {
     payload: Vec<u8>,
     /// Uncompressed bytes of a COUNTS or SUMMARY chunk.
     columns: Vec<u8>,
+    /// Encoder of EVENTS and CALLDATA chunks; its compressor also makes COUNTS and SUMMARY
+    /// chunks.
     enc: segment::SegmentEncoder,
     /// The last segment's payloads, kept for their buffers.
     segment: segment::SegmentPayloads,
@@ -578,6 +580,8 @@ impl TraceWriter {
         if !(CHECKSUM_OF_HEAD_SINCE..=FORMAT_VERSION).contains(&version) {
             return Err(invalid("create", path, format!("fnscope writes format versions {CHECKSUM_OF_HEAD_SINCE} to {FORMAT_VERSION}, not {version}")));
         }
+        // The encoder first: a failure leaves no file behind.
+        let enc = segment::SegmentEncoder::new(path, version)?;
         let file = File::create(path).map_err(io_err("create", path))?;
         let mut w = TraceWriter {
             path: path.to_path_buf(),
@@ -585,7 +589,7 @@ impl TraceWriter {
             written: 0,
             payload: Vec::new(),
             columns: Vec::new(),
-            enc: segment::SegmentEncoder::new(path, version)?,
+            enc,
             segment: Default::default(),
             image_zstd: None,
             packed_bodies: Vec::new(),

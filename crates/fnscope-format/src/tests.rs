@@ -28,7 +28,8 @@ fn fib_records(n: u32, clock: &mut u64, rng: &mut Rng, depth: u32, out: &mut Vec
     out.push(Record::new(t_entry, *clock, 0, depth, 0));
 }
 
-fn tmpdir(name: &str) -> PathBuf {
+/// A fresh folder for one test's files.
+pub(crate) fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fnscope-format-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -228,7 +229,7 @@ fn bad_checksum_names_offset() {
 }
 
 /// Offsets of the chunk headers of a trace file.
-fn chunk_offsets(file: &[u8]) -> Vec<usize> {
+pub(crate) fn chunk_offsets(file: &[u8]) -> Vec<usize> {
     let mut at = FILE_HEADER_SIZE as usize;
     let mut v = Vec::new();
     while at + CHUNK_HEADER_SIZE as usize <= file.len() {
