@@ -378,9 +378,8 @@ pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> [u8; COUNT_CODE_OFFSE
 
 /// Builds the slots for `plans` (in function index order) in a new area near the module
 /// `obj`, moving prologues through its cached relocations (stored again if most were new),
-/// and returns the patches to write. Plans whose prologue
-/// cannot be relocated, or whose island's donor could not be built, are returned in the error
-/// list with a reason.
+/// and returns the patches to write. Plans whose prologue cannot be relocated, or whose
+/// island's donor could not be built, are returned in the error list with a reason.
 #[allow(clippy::too_many_arguments)]
 fn build_slots(
     obj: &Loaded,

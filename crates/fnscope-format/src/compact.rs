@@ -51,6 +51,8 @@ pub fn compact(path: &Path, progress: impl FnMut(u64, u64)) -> Result<Compacted,
 /// the workers, and at most [`QUEUED_PER_IN_FLIGHT`] times as many chunks read and not yet
 /// written.
 pub(crate) fn compact_with(path: &Path, workers: usize, in_flight: usize, mut progress: impl FnMut(u64, u64)) -> Result<Compacted, FormatError> {
+    let in_flight = in_flight.max(1);
+    let queued = in_flight * QUEUED_PER_IN_FLIGHT;
     let mut reader = TraceReader::open(path)?;
     let path = reader.path().to_path_buf();
     let size = std::fs::metadata(&path).map_err(io_err("read", &path))?.len();
@@ -97,8 +99,7 @@ pub(crate) fn compact_with(path: &Path, workers: usize, in_flight: usize, mut pr
                         reader.swap_payload(&mut job.payload);
                         job_tx.send(job).expect("the jobs' receiver outlives this loop");
                     }
-                    let queued = in_flight.max(1) * QUEUED_PER_IN_FLIGHT;
-                    while order.at_workers >= in_flight.max(1) || (order.at_workers > 0 && order.queue.len() >= queued) {
+                    while order.at_workers >= in_flight || (order.at_workers > 0 && order.queue.len() >= queued) {
                         order.finished(done_rx.recv().expect("every job comes back"));
                         done.raw_chunks += order.write(&mut writer)?;
                     }
