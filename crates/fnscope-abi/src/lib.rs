@@ -25,6 +25,11 @@ pub const ENV_DIR: &str = "FNSCOPE_DIR";
 pub const ENV_LIBS: &str = "FNSCOPE_LIBS";
 /// Set to `1` by the recorder so that the agent reports what it does on stderr.
 pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
+/// Set by the user: how the agent writes its jumps into a module's code. `in-place` writes
+/// them page by page into the file's mapping; `copy` patches big modules in a copy that
+/// replaces the mapping even where the kernel gives no huge pages; unset, the agent decides
+/// (see ARCHITECTURE.md, "Patching").
+pub const ENV_PATCH: &str = "FNSCOPE_PATCH";
 
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");

@@ -45,6 +45,11 @@ pub fn count_mode() -> bool {
     COUNT_MODE.load(Ordering::Relaxed)
 }
 
+/// Whether `fnscope record -v` asked for notes on what the agent does.
+pub(crate) fn verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
+}
+
 /// Whether the agent set itself up and threads should be traced.
 pub fn active() -> bool {
     ACTIVE.load(Ordering::Acquire)
@@ -123,6 +128,16 @@ unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
         .map(str::to_string)
         .collect();
     VERBOSE.store(get(fnscope_abi::ENV_VERBOSE) == Some(b"1"), Ordering::Relaxed);
+    match get(fnscope_abi::ENV_PATCH) {
+        None | Some(b"") => {}
+        Some(b"copy") => hook::set_patching(hook::Patching::Copy),
+        Some(b"in-place") => hook::set_patching(hook::Patching::InPlace),
+        Some(other) => warn(&format!(
+            "{}={} is not `copy` or `in-place`: the agent decides how to patch",
+            fnscope_abi::ENV_PATCH,
+            String::from_utf8_lossy(other)
+        )),
+    }
     if let Some(dir) = get(fnscope_abi::ENV_CACHE).filter(|d| !d.is_empty()) {
         plan_cache::set_dir(PathBuf::from(std::ffi::OsStr::from_bytes(dir)));
     }
@@ -232,7 +247,7 @@ impl Tracer {
                     modules += 1;
                     cached += usize::from(r.cached);
                     self.seen.insert(obj.lo, r.patches.iter().find(|p| matches!(p.jump.stage, fnscope_x86::Stage::Entry | fnscope_x86::Stage::ShortJump)).map(|p| p.jump));
-                    pending.push(r.patches);
+                    pending.push((obj.path.clone(), r.patches));
                 }
                 Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),
             }
@@ -253,8 +268,8 @@ impl Tracer {
                 count::set_nfuncs(self.table.ids());
             }
             let mut failed = 0;
-            for p in pending {
-                for (patch, why) in hook::write_patches(&p) {
+            for (path, patches) in pending {
+                for (patch, why) in hook::write_patches(&path, &patches) {
                     self.table.unhooked(patch.id, &why);
                     failed += 1;
                 }

@@ -26,14 +26,14 @@ use std::sync::{Mutex, OnceLock};
 
 /// What [`analyse`] returns: the module's functions, its build-id and a verdict per function.
 ///
-/// It is the cache file itself, read whole and checked once, its fields then read in place:
+/// It is the cache file itself, mapped whole and checked once, its fields then read in place:
 /// decoding tens of thousands of functions into vectors and strings (and the page faults of
 /// that fresh memory) took a sixth of a warm start-up. A first analysis is encoded into the
 /// same bytes, so there is one form. Every offset the accessors follow was checked by
 /// [`Analysis::parse`].
 pub struct Analysis {
     /// A cache file: header, body, checksum.
-    bytes: Vec<u8>,
+    bytes: crate::sys::Bytes,
     /// Where the functions' records start, [`RECORD`] bytes each.
     records: usize,
     /// How many functions there are.
@@ -209,7 +209,8 @@ impl Analysis {
     /// The analysis in cache file `bytes` for `key`, if the file is whole, of this version, for
     /// `key`, every offset in it within bounds and, for a file read back (`cached`), its debug
     /// files as they were.
-    fn parse(bytes: Vec<u8>, key: &str, cached: bool) -> Option<Analysis> {
+    fn parse(bytes: impl Into<crate::sys::Bytes>, key: &str, cached: bool) -> Option<Analysis> {
+        let bytes = bytes.into();
         let base = bytes.as_ptr() as usize;
         let mut r = open_as(&bytes, key, cached)?;
         let start = |b: &[u8]| b.as_ptr() as usize - base;
@@ -399,11 +400,11 @@ fn cache_key(path: &Path, what: &str) -> Option<(PathBuf, String)> {
 
 /// The analysis cached in `file` for `key`, if usable.
 fn read_analysis(file: &Path, key: &str) -> Option<Analysis> {
-    Analysis::parse(crate::sys::read_file(file).ok()?, key, true)
+    Analysis::parse(crate::sys::map_file(file).ok()?, key, true)
 }
 
 fn read_cached<T>(file: &Path, key: &str, decode: impl FnOnce(Reader<'_>) -> Option<T>) -> Option<T> {
-    let b = crate::sys::read_file(file).ok()?;
+    let b = crate::sys::map_file(file).ok()?;
     decode(open(&b, key)?)
 }
 
@@ -414,14 +415,27 @@ fn seal(mut o: Vec<u8>) -> Vec<u8> {
     o
 }
 
-/// Writes a cache file whole (sealed), under a temporary name, then renamed.
+/// Writes a cache file whole (sealed), under a temporary name of its own, then renamed: a
+/// cache file, once in place, never changes (readers map it, see [`crate::sys::map_file`]).
 fn store(file: &Path, o: &[u8]) {
-    let tmp = file.with_extension(format!("tmp{}", crate::sys::getpid()));
-    // A cache that cannot be written costs the next start-up the analysis, nothing more.
-    if crate::sys::write_file(&tmp, o).is_ok() && crate::sys::rename(&tmp, file).is_err() {
-        crate::sys::unlink(&tmp);
+    static STORED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = STORED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = file.with_extension(format!("tmp{}.{}.{n}", crate::sys::getpid(), crate::sys::gettid()));
+    // A cache that cannot be written costs the next start-up the analysis, nothing more. A
+    // temporary file that exists already is another writer's (same ids in another pid
+    // namespace): it is left alone.
+    match crate::sys::write_new_file(&tmp, o) {
+        Ok(()) => {
+            if crate::sys::rename(&tmp, file).is_err() {
+                crate::sys::unlink(&tmp);
+            }
+        }
+        Err(crate::sys::Errno(EEXIST)) => {}
+        Err(_) => crate::sys::unlink(&tmp),
     }
 }
+
+const EEXIST: i32 = 17;
 
 /// Reads and analyses the module at `path` in mode `ra` and caches the result under `key`
 /// (its [`cache_key`] in that mode); also tells which functions at `kept_entries` can take an

@@ -46,6 +46,7 @@ const O_WRONLY: usize = 1;
 const O_CREAT: usize = 0o100;
 const O_TRUNC: usize = 0o1000;
 const O_CLOEXEC: usize = 0o2000000;
+const ENOENT: isize = 2;
 const EINTR: isize = 4;
 const EEXIST: isize = 17;
 const PROT_READ: usize = 1;
@@ -78,6 +79,29 @@ pub fn mremap(p: *mut u8, old_len: usize, new_len: usize) -> *mut u8 {
         core::ptr::null_mut()
     } else {
         r as *mut u8
+    }
+}
+
+/// Moves the pages of `[from, from + len)` (a mapping of the caller's own) to `to`, in place
+/// of whatever was mapped there, in one step: no other thread ever finds `to` unmapped (a
+/// fault there waits for the move to finish). On failure `from` is as it was, but `to` may
+/// already be unmapped: the kernel unmaps the target before it moves the pages.
+pub fn mremap_over(from: u64, len: usize, to: u64) -> Result<(), Errno> {
+    const MREMAP_MAYMOVE: usize = 1;
+    const MREMAP_FIXED: usize = 2;
+    // SAFETY: the caller owns `[from, from + len)`, which holds what `to` is to hold, and
+    // puts it back itself if the call fails after unmapping `to`; the kernel checks both
+    // ranges.
+    check(unsafe { syscall6(SYS_MREMAP, from as usize, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to as usize, 0) }).map(|_| ())
+}
+
+/// Asks for transparent huge pages in `[addr, addr + len)` (best effort: `madvise`).
+pub fn advise_huge_pages(addr: u64, len: usize) {
+    const SYS_MADVISE: usize = 28;
+    const MADV_HUGEPAGE: usize = 14;
+    // SAFETY: advice only; it changes no contents, and the kernel checks the range.
+    unsafe {
+        syscall6(SYS_MADVISE, addr as usize, len, MADV_HUGEPAGE, 0, 0, 0);
     }
 }
 
@@ -218,9 +242,85 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, Errno> {
     result.map(|()| out)
 }
 
+/// A file's bytes: read into memory, or mapped.
+pub enum Bytes {
+    /// Read (or made) in memory.
+    Heap(Vec<u8>),
+    /// A private read-only mapping of `len` bytes at `addr`, unmapped on drop.
+    Mapped { addr: usize, len: usize },
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Bytes {
+        Bytes::Heap(v)
+    }
+}
+
+impl core::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Heap(v) => v,
+            // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
+            Bytes::Mapped { addr, len } => unsafe { core::slice::from_raw_parts(*addr as *const u8, *len) },
+        }
+    }
+}
+
+impl Drop for Bytes {
+    fn drop(&mut self) {
+        if let Bytes::Mapped { addr, len } = *self {
+            munmap(addr as *mut u8, len);
+        }
+    }
+}
+
+/// Maps a whole file read-only, or reads it where it cannot be mapped. Only for files that
+/// are replaced by renaming and never written after (the analysis cache's, written once with
+/// [`write_new_file`]): a file cut short under a mapping would fault on the lost pages, and
+/// one changed would change bytes already checked. Mapping a 4 MiB plan takes the page
+/// cache's pages as they are; reading it took a fresh page, a fault and a copy for each
+/// 4 KiB (3 ms of a warm `cc1plus` start-up).
+pub fn map_file(path: &std::path::Path) -> Result<Bytes, Errno> {
+    match map_whole(path) {
+        Err(Errno(e)) if e as isize != ENOENT => read_file(path).map(Bytes::Heap),
+        r => r,
+    }
+}
+
+fn map_whole(path: &std::path::Path) -> Result<Bytes, Errno> {
+    const SYS_FSTAT: usize = 5;
+    const PROT_READ: usize = 1;
+    const MAP_PRIVATE: usize = 2;
+    let p = c_path(path);
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    let fd = check(unsafe { syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_RDONLY | O_CLOEXEC, 0, 0, 0) })?;
+    // SAFETY: `struct stat` is plain integers: all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `st` is a valid out-parameter of the layout the kernel writes for fstat(2) on
+    // x86-64 (libc's `struct stat` is that layout); `fd` is open.
+    let r = check(unsafe { syscall6(SYS_FSTAT, fd, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) }).and_then(|_| {
+        match usize::try_from(st.st_size) {
+            Ok(0) => Ok(Bytes::Heap(Vec::new())),
+            // SAFETY: a new private read-only mapping of the open file, placed by the kernel.
+            Ok(len) => check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) }).map(|addr| Bytes::Mapped { addr, len }),
+            Err(_) => Err(Errno(22)),
+        }
+    });
+    close(fd);
+    r
+}
+
 /// Writes `data` to `path` (created or truncated) without the C library.
 pub fn write_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
     write_with(path, O_TRUNC, data)
+}
+
+/// Writes `data` to a new file `path`; fails if `path` exists, so that no two writers ever
+/// share a temporary file (a file renamed into the cache may be mapped: see [`map_file`]).
+pub fn write_new_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
+    const O_EXCL: usize = 0o200;
+    write_with(path, O_EXCL, data)
 }
 
 /// Appends `data` to `path` (created if missing) with one `write` where the kernel allows:

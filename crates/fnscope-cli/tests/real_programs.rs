@@ -279,6 +279,39 @@ fn bash_loop_records_its_calls() {
 }
 
 #[test]
+fn compiler_code_patched_in_one_copy() {
+    // cc1plus has 21 MiB of code with 42,000 functions hooked: that mapping is patched in a
+    // private copy (in huge pages) that then takes its place, instead of a page at a time.
+    // Either way (the agent's choice, or forced by FNSCOPE_PATCH), the object the compiler
+    // writes must be the one it writes natively, byte for byte.
+    let Some(gxx) = require(find_in_path("g++"), "g++") else {
+        return;
+    };
+    let dir = TempDir::new("cc1plus");
+    let src = dir.join("v.cc");
+    fs::write(&src, "#include <vector>\nint sum(const std::vector<int>& v) { int s = 0; for (int x : v) s += x; return s; }\n").unwrap();
+    let compile = |obj: &str| quiet_env(Invocation::new(&gxx, dir.path()), dir.path()).args(&["-O2", "-c", "v.cc", "-o", obj]);
+    let native = compile("native.o").run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let want = fs::read(dir.join("native.o")).unwrap();
+    // Whether the kernel hands out transparent huge pages decides the agent's choice.
+    let thp = fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let huge = thp.contains("[always]") || thp.contains("[madvise]");
+    for (patching, copied) in [("", huge), ("copy", true), ("in-place", false)] {
+        let obj = format!("traced-{patching}.o");
+        let trace = dir.join(format!("trace-{patching}"));
+        let traced = compile(&obj).env("FNSCOPE_PATCH", patching).record_args(&["-v"]).run_recorded(&trace);
+        assert_eq!(traced.code, 0, "FNSCOPE_PATCH={patching}: {}", traced.describe());
+        assert!(fs::read(dir.join(&obj)).unwrap() == want, "FNSCOPE_PATCH={patching}: the traced compiler wrote another object");
+        let stats = report(&trace).expect("report");
+        let calls = calls_per_module(&stats).get("cc1plus").copied().unwrap_or(0);
+        assert!(calls > 100_000, "FNSCOPE_PATCH={patching}: {calls} calls of cc1plus recorded\n{}", traced.describe());
+        let note = traced.stderr.lines().any(|l| l.contains("cc1plus: code at") && l.contains("patched in a copy that took its place"));
+        assert_eq!(note, copied, "FNSCOPE_PATCH={patching}, transparent huge pages {thp:?}\n{}", traced.describe());
+    }
+}
+
+#[test]
 fn node_script() {
     // node remaps its code onto huge pages, leaving gaps between the pieces: patches grouped
     // across a gap failed, and 0 calls were recorded while the summary said 73,697 hooked.
