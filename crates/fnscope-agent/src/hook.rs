@@ -205,12 +205,13 @@ pub(crate) fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sy
     crate::sys::mprotect(start, (end - start) as usize, prot)
 }
 
-/// Writes the jumps, returning one patch of each function that could not be hooked, with the
-/// reason. Called at start-up (one thread) or for a library just loaded by `dlopen`, whose
-/// code no other thread is running yet.
+/// Writes the jumps of `module`, returning one patch of each function that could not be
+/// hooked, with the reason. Called at start-up (one thread) or for a library just loaded by
+/// `dlopen`, whose code no other thread is running yet.
 ///
-/// Stage by stage (see [`Stage`]): a function whose island could not be written keeps its
-/// entry as it was, and no island goes into a neighbour whose entry jump failed.
+/// A mapping dense with jumps is patched in a copy that replaces it (see [`write_in_copy`]);
+/// the others stage by stage (see [`Stage`]): a function whose island could not be written
+/// keeps its entry as it was, and no island goes into a neighbour whose entry jump failed.
 pub fn write_patches(module: &Path, patches: &[Patch]) -> Vec<(Patch, String)> {
     let maps = mappings();
     let copied = write_dense_in_copies(module, patches, &maps);
@@ -275,29 +276,45 @@ fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> 
     if patching == Patching::InPlace as u8 {
         return Vec::new();
     }
-    // The mapping of each patch (NONE: it crosses into the next one, or lies in none).
+    let mapping_of = |a: u64| maps.partition_point(|m| m.lo <= a).checked_sub(1).filter(|&i| a < maps[i].hi);
+    // The mapping of each patch (NONE: it crosses into the next one, or lies in none); a
+    // mapping that a patch crosses out of or into is written in place.
+    let mut eligible: Vec<bool> = maps
+        .iter()
+        .map(|m| !m.shared && m.prot & PROT_READ != 0 && round_up(m.lo as usize, HUGE_PAGE as usize) as u64 + HUGE_PAGE <= m.hi)
+        .collect();
     let at: Vec<usize> = patches
         .iter()
         .map(|p| {
-            let (a, end) = (p.jump.address, p.jump.address + p.jump.bytes().len() as u64);
-            match maps.partition_point(|m| m.lo <= a).checked_sub(1) {
-                Some(i) if end <= maps[i].hi => i,
-                _ => NONE,
+            let (a, last) = (p.jump.address, p.jump.address + p.jump.bytes().len() as u64 - 1);
+            match (mapping_of(a), mapping_of(last)) {
+                (Some(i), Some(j)) if i == j => i,
+                (i, j) => {
+                    for k in [i, j].into_iter().flatten() {
+                        eligible[k] = false;
+                    }
+                    NONE
+                }
             }
         })
         .collect();
-    // Each function's mapping, by id (ids are dense); NONE once its patches are found in two,
-    // or outside any. UNSEEN: no patch has that id.
+    if !at.iter().any(|&i| i != NONE && eligible[i]) {
+        return Vec::new();
+    }
+    // Each function's mapping, by id; NONE once its patches are found in two, or outside any.
+    // UNSEEN: no patch has that id. A module's ids are one run of the process's (pre-hooks
+    // use a handful of kinds), so the table spans only this call's.
     const UNSEEN: usize = NONE - 1;
-    let ids = patches.iter().map(|p| p.id as usize + 1).max().unwrap_or(0);
-    let mut home = vec![UNSEEN; ids];
+    let first = patches.iter().map(|p| p.id).min().unwrap_or(0);
+    let span = patches.iter().map(|p| (p.id - first) as usize + 1).max().unwrap_or(0);
+    let mut home = vec![UNSEEN; span];
     for (p, &i) in patches.iter().zip(&at) {
-        let h = &mut home[p.id as usize];
+        let h = &mut home[(p.id - first) as usize];
         *h = if *h == UNSEEN || *h == i { i } else { NONE };
     }
-    let mut eligible = vec![true; maps.len()];
+    let home_of = |id: u32| id.checked_sub(first).and_then(|k| home.get(k as usize)).copied();
     for (p, &i) in patches.iter().zip(&at) {
-        let whole = home[p.id as usize] == i && p.after.is_none_or(|d| home.get(d as usize) == Some(&i));
+        let whole = home_of(p.id) == Some(i) && p.after.is_none_or(|d| home_of(d) == Some(i));
         if i != NONE && !whole {
             eligible[i] = false;
         }
@@ -312,7 +329,7 @@ fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> 
     let mut huge = None;
     for (i, mut group) in groups.into_iter().enumerate() {
         let m = &maps[i];
-        if group.is_empty() || m.shared || m.prot & PROT_READ == 0 || round_up(m.lo as usize, HUGE_PAGE as usize) as u64 + HUGE_PAGE > m.hi {
+        if group.is_empty() {
             continue;
         }
         let mut pages: Vec<u64> = group.iter().map(|p| p.jump.address / 4096).collect();
@@ -333,16 +350,26 @@ fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> 
     done
 }
 
-/// Whether the kernel gives this process transparent huge pages when memory asks for them.
+/// Whether the kernel gives this process 2 MiB transparent huge pages when memory asks for
+/// them: not turned off for the process (`PR_SET_THP_DISABLE`), for that size (kernels with
+/// a setting per size), or for all.
 fn huge_pages_available() -> bool {
+    const SYS_PRCTL: usize = 157;
     const PR_GET_THP_DISABLE: usize = 42;
     // SAFETY: PR_GET_THP_DISABLE only reads the process's flag.
-    if unsafe { crate::sys::syscall6(157, PR_GET_THP_DISABLE, 0, 0, 0, 0, 0) } == 1 {
+    if unsafe { crate::sys::syscall6(SYS_PRCTL, PR_GET_THP_DISABLE, 0, 0, 0, 0, 0) } == 1 {
         return false;
     }
-    let setting = crate::sys::read_file(Path::new("/sys/kernel/mm/transparent_hugepage/enabled")).unwrap_or_default();
-    let setting = String::from_utf8_lossy(&setting);
-    setting.contains("[always]") || setting.contains("[madvise]")
+    let setting = |file: &str| {
+        let text = crate::sys::read_file(&Path::new("/sys/kernel/mm/transparent_hugepage").join(file)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        ["always", "madvise", "inherit", "never"].into_iter().find(|s| text.contains(&format!("[{s}]")))
+    };
+    match setting("hugepages-2048kB/enabled") {
+        Some("always" | "madvise") => true,
+        Some("never") => false,
+        _ => matches!(setting("enabled"), Some("always" | "madvise")),
+    }
 }
 
 /// Patches a whole mapping of `module` at once: a private copy of it, in transparent huge
@@ -379,14 +406,18 @@ fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
         crate::sys::munmap(r, room);
         return false;
     }
-    if crate::sys::mremap_over(copy, len, m.lo).is_err() {
+    // SAFETY: `[copy, copy + len)` is the one mapping made above, holding the module's code as
+    // it was plus the jumps; if the call fails after the kernel unmapped `m.lo`, the copy is
+    // put there below.
+    if unsafe { crate::sys::mremap_over(copy, len, m.lo) }.is_err() {
         // The kernel unmaps the target before it moves the pages, and a move can still fail
         // (out of memory): the module's code may be gone, and the copy is all there is of it.
         if crate::sys::is_mapped(m.lo) {
             crate::sys::munmap(r, room);
             return false;
         }
-        if crate::sys::mremap_over(copy, len, m.lo).is_err() {
+        // SAFETY: as above; nothing is mapped at `m.lo` now.
+        if unsafe { crate::sys::mremap_over(copy, len, m.lo) }.is_err() {
             crate::warn(&format!("{}: its code could not be put back at {:#x} after patching; stopping", module.display(), m.lo));
             std::process::abort();
         }

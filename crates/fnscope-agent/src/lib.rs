@@ -281,7 +281,7 @@ impl Tracer {
                 warn(&format!("{failed} functions could not be patched (see `fnscope info`)"));
             }
         }
-        if VERBOSE.load(Ordering::Relaxed) && modules > 0 {
+        if verbose() && modules > 0 {
             warn(&format!("pid {}: {cached} of {modules} modules analysed in an earlier run (cached)", self.pid));
         }
         Ok((hooked, skipped, !pending_empty))
@@ -348,7 +348,7 @@ fn setup(settings: Settings) -> Result<(), String> {
     if !written {
         t.write_table()?;
     }
-    if VERBOSE.load(Ordering::Relaxed) {
+    if verbose() {
         warn(&format!(
             "pid {pid}: {hooked} functions hooked, {skipped} skipped, {unwinder} unwinder hooks, in {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3

@@ -430,12 +430,10 @@ fn store(file: &Path, o: &[u8]) {
                 crate::sys::unlink(&tmp);
             }
         }
-        Err(crate::sys::Errno(EEXIST)) => {}
+        Err(crate::sys::Errno::EXISTS) => {}
         Err(_) => crate::sys::unlink(&tmp),
     }
 }
-
-const EEXIST: i32 = 17;
 
 /// Reads and analyses the module at `path` in mode `ra` and caches the result under `key`
 /// (its [`cache_key`] in that mode); also tells which functions at `kept_entries` can take an

@@ -86,12 +86,15 @@ pub fn mremap(p: *mut u8, old_len: usize, new_len: usize) -> *mut u8 {
 /// of whatever was mapped there, in one step: no other thread ever finds `to` unmapped (a
 /// fault there waits for the move to finish). On failure `from` is as it was, but `to` may
 /// already be unmapped: the kernel unmaps the target before it moves the pages.
-pub fn mremap_over(from: u64, len: usize, to: u64) -> Result<(), Errno> {
+///
+/// # Safety
+/// `[from, from + len)` is one mapping of the caller's own that nothing else uses, holding
+/// what `[to, to + len)` is to hold; if the call fails, the caller puts something valid back
+/// at `to` if it was unmapped.
+pub unsafe fn mremap_over(from: u64, len: usize, to: u64) -> Result<(), Errno> {
     const MREMAP_MAYMOVE: usize = 1;
     const MREMAP_FIXED: usize = 2;
-    // SAFETY: the caller owns `[from, from + len)`, which holds what `to` is to hold, and
-    // puts it back itself if the call fails after unmapping `to`; the kernel checks both
-    // ranges.
+    // SAFETY: per the caller's guarantee; the kernel checks both ranges.
     check(unsafe { syscall6(SYS_MREMAP, from as usize, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to as usize, 0) }).map(|_| ())
 }
 
@@ -186,6 +189,13 @@ pub fn restore_signals(old: u64) {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Errno(pub i32);
 
+impl Errno {
+    /// EEXIST.
+    pub const EXISTS: Errno = Errno(EEXIST as i32);
+    /// EINVAL.
+    pub const INVALID: Errno = Errno(22);
+}
+
 impl core::fmt::Display for Errno {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         // std formats it with the C library's strerror_r, which programs do not interpose.
@@ -243,8 +253,9 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, Errno> {
 }
 
 /// A file's bytes: read into memory, or mapped.
-pub enum Bytes {
-    /// Read (or made) in memory.
+pub struct Bytes(Held);
+
+enum Held {
     Heap(Vec<u8>),
     /// A private read-only mapping of `len` bytes at `addr`, unmapped on drop.
     Mapped { addr: usize, len: usize },
@@ -252,24 +263,25 @@ pub enum Bytes {
 
 impl From<Vec<u8>> for Bytes {
     fn from(v: Vec<u8>) -> Bytes {
-        Bytes::Heap(v)
+        Bytes(Held::Heap(v))
     }
 }
 
 impl core::ops::Deref for Bytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Heap(v) => v,
-            // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
-            Bytes::Mapped { addr, len } => unsafe { core::slice::from_raw_parts(*addr as *const u8, *len) },
+        match &self.0 {
+            Held::Heap(v) => v,
+            // SAFETY: only `map_whole` makes this variant, of a mapping of `len` readable bytes
+            // that lives as long as `self`.
+            Held::Mapped { addr, len } => unsafe { core::slice::from_raw_parts(*addr as *const u8, *len) },
         }
     }
 }
 
 impl Drop for Bytes {
     fn drop(&mut self) {
-        if let Bytes::Mapped { addr, len } = *self {
+        if let Held::Mapped { addr, len } = self.0 {
             munmap(addr as *mut u8, len);
         }
     }
@@ -283,7 +295,7 @@ impl Drop for Bytes {
 /// 4 KiB (3 ms of a warm `cc1plus` start-up).
 pub fn map_file(path: &std::path::Path) -> Result<Bytes, Errno> {
     match map_whole(path) {
-        Err(Errno(e)) if e as isize != ENOENT => read_file(path).map(Bytes::Heap),
+        Err(Errno(e)) if e as isize != ENOENT => read_file(path).map(Bytes::from),
         r => r,
     }
 }
@@ -301,10 +313,10 @@ fn map_whole(path: &std::path::Path) -> Result<Bytes, Errno> {
     // x86-64 (libc's `struct stat` is that layout); `fd` is open.
     let r = check(unsafe { syscall6(SYS_FSTAT, fd, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) }).and_then(|_| {
         match usize::try_from(st.st_size) {
-            Ok(0) => Ok(Bytes::Heap(Vec::new())),
+            Ok(0) => Ok(Bytes::from(Vec::new())),
             // SAFETY: a new private read-only mapping of the open file, placed by the kernel.
-            Ok(len) => check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) }).map(|addr| Bytes::Mapped { addr, len }),
-            Err(_) => Err(Errno(22)),
+            Ok(len) => check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) }).map(|addr| Bytes(Held::Mapped { addr, len })),
+            Err(_) => Err(Errno::INVALID),
         }
     });
     close(fd);

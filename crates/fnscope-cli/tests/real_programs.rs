@@ -294,9 +294,14 @@ fn compiler_code_patched_in_one_copy() {
     let native = compile("native.o").run_native();
     assert_eq!(native.code, 0, "{}", native.describe());
     let want = fs::read(dir.join("native.o")).unwrap();
-    // Whether the kernel hands out transparent huge pages decides the agent's choice.
-    let thp = fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    let huge = thp.contains("[always]") || thp.contains("[madvise]");
+    // Whether the kernel hands this process (and so the compiler) 2 MiB transparent huge
+    // pages decides the agent's choice.
+    let setting = |file: &str| fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{file}")).unwrap_or_default();
+    let on = |s: &str| s.contains("[always]") || s.contains("[madvise]");
+    let (all, per_size) = (setting("enabled"), setting("hugepages-2048kB/enabled"));
+    let allowed = fs::read_to_string("/proc/self/status").unwrap_or_default().lines().all(|l| l != "THP_enabled:\t0");
+    let huge = allowed && if per_size.contains("[inherit]") || per_size.is_empty() { on(&all) } else { on(&per_size) };
+    let thp = format!("enabled {all:?}, 2 MiB {per_size:?}, this process {allowed}");
     for (patching, copied) in [("", huge), ("copy", true), ("in-place", false)] {
         let obj = format!("traced-{patching}.o");
         let trace = dir.join(format!("trace-{patching}"));
