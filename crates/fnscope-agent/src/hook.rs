@@ -142,6 +142,11 @@ pub(crate) fn mappings() -> Vec<Mapping> {
     v
 }
 
+/// The index of the mapping (of [`mappings`], sorted and disjoint) that holds `addr`.
+fn mapping_holding(maps: &[Mapping], addr: u64) -> Option<usize> {
+    maps.partition_point(|m| m.lo <= addr).checked_sub(1).filter(|&i| addr < maps[i].hi)
+}
+
 pub(crate) const PROT_READ: u32 = 1;
 pub(crate) const PROT_WRITE: u32 = 2;
 pub(crate) const PROT_EXEC: u32 = 4;
@@ -276,7 +281,7 @@ fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> 
     if patching == Patching::InPlace as u8 {
         return Vec::new();
     }
-    let mapping_of = |a: u64| maps.partition_point(|m| m.lo <= a).checked_sub(1).filter(|&i| a < maps[i].hi);
+    let mapping_of = |a: u64| mapping_holding(maps, a);
     // The mapping of each patch (NONE: it crosses into the next one, or lies in none); a
     // mapping that a patch crosses out of or into is written in place.
     let mut eligible: Vec<bool> = maps
@@ -448,7 +453,7 @@ fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
 /// into another (a program that remaps its own code, as node does for huge pages, leaves gaps
 /// between the pieces) and each mapping gets its own protection back afterwards.
 fn write_sorted(patches: &[Patch], maps: &[Mapping]) -> Vec<(Patch, String)> {
-    let mapping_of = |a: u64| maps.iter().position(|m| m.lo <= a && a < m.hi);
+    let mapping_of = |a: u64| mapping_holding(maps, a);
     let mut failed = Vec::new();
     let mut i = 0;
     while i < patches.len() {

@@ -288,7 +288,7 @@ impl Worker {
             return;
         };
         split_data_into(&self.slots, &mut self.calls, &mut self.data);
-        if let Err(e) = self.enc.encode(h.image_sid, h.pid, h.tid, h.seq, h.lost, h.flags, &self.calls, &self.data, &mut job.out) {
+        if let Err(e) = self.enc.encode(&h, &self.calls, &self.data, &mut job.out) {
             job.failed = Some(e);
         }
     }

@@ -701,7 +701,8 @@ impl TraceWriter {
         data: &CallData,
     ) -> Result<(), FormatError> {
         let mut seg = std::mem::take(&mut self.segment);
-        let r = self.enc.encode(image_sid, pid, tid, seq, lost, flags, records, data, &mut seg).and_then(|()| self.emit_segment(&seg));
+        let head = ThreadSegment { image_sid, pid, tid, seq, lost, flags, ..Default::default() };
+        let r = self.enc.encode(&head, records, data, &mut seg).and_then(|()| self.emit_segment(&seg));
         self.segment = seg;
         r
     }

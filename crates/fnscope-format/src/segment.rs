@@ -2,7 +2,7 @@
 //! writer's encoder, and one per worker of [`crate::compact`], which encodes RAW chunks on
 //! every processor.
 
-use crate::{events, events_head, invalid, io_err, CallData, FormatError};
+use crate::{events, events_head, invalid, io_err, CallData, FormatError, ThreadSegment};
 use fnscope_abi::Record;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -59,20 +59,10 @@ impl SegmentEncoder {
     }
 
     /// Encodes one thread's records from one shared-memory chunk, and the data units of those
-    /// calls that have one, into `out`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn encode(
-        &mut self,
-        image_sid: u32,
-        pid: u32,
-        tid: u32,
-        seq: u64,
-        lost: u64,
-        flags: u32,
-        records: &[Record],
-        data: &CallData,
-        out: &mut SegmentPayloads,
-    ) -> Result<(), FormatError> {
+    /// calls that have one, into `out`; `head` gives the segment's header fields (its own
+    /// records and data are not read).
+    pub(crate) fn encode(&mut self, head: &ThreadSegment, records: &[Record], data: &CallData, out: &mut SegmentPayloads) -> Result<(), FormatError> {
+        let ThreadSegment { image_sid, pid, tid, seq, lost, flags, .. } = *head;
         out.calldata.clear();
         if !data.is_empty() {
             self.call_data(pid, tid, seq, data, &mut out.calldata)?;
