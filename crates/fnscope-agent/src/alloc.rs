@@ -10,6 +10,10 @@
 //!
 //! Small blocks (up to [`LARGE`], alignment up to a page) are powers of two carved from 1 MiB
 //! arenas and recycled through one free list per size. Larger blocks are mappings of their own, resized with `mremap`.
+//! From half a huge page up they are whole, aligned 2 MiB huge pages where the kernel gives
+//! them ([`large_len`]): start-up fills megabytes of fresh memory (the image table, the
+//! plans, the patches), and on a virtual machine a fresh 4 KiB page costs about 2.5 µs, four
+//! times what the same bytes cost in a huge page.
 //! A spin lock guards the lists: allocation happens at start-up, after `dlopen` and in the
 //! `exec` wrappers, never on the stubs' paths or in a signal handler the agent installs, so
 //! the lock is never taken re-entrantly.
@@ -82,9 +86,11 @@ fn round_page(n: usize) -> usize {
     (n + PAGE - 1) & !(PAGE - 1)
 }
 
-/// A mapping of `size` bytes aligned to `align` (at least a page), or null.
+/// A mapping of `size` bytes aligned to `align` (at least a page), or null; of
+/// [`large_len`] bytes, in huge pages from [`HUGE`] up.
 fn map_large(size: usize, align: usize) -> *mut u8 {
-    let len = round_page(size);
+    let len = large_len(size);
+    let align = if len >= HUGE { HUGE.max(align) } else { align };
     if align <= PAGE {
         return sys::mmap_anon(len);
     }
@@ -102,7 +108,23 @@ fn map_large(size: usize, align: usize) -> *mut u8 {
     if tail > 0 {
         sys::munmap((start + len) as *mut u8, tail);
     }
+    if len >= HUGE {
+        sys::advise_huge_pages(start as u64, len);
+    }
     start as *mut u8
+}
+
+/// A transparent huge page.
+const HUGE: usize = 2 << 20;
+
+/// Length of the mapping of a large block of `size` bytes: whole huge pages from half a huge
+/// page up (at most half the memory touched is then waste), else whole pages.
+fn large_len(size: usize) -> usize {
+    if size >= HUGE / 2 {
+        (size + HUGE - 1) & !(HUGE - 1)
+    } else {
+        round_page(size)
+    }
 }
 
 // SAFETY: blocks handed out are disjoint (a block is on a free list or in use, never both;
@@ -140,7 +162,7 @@ unsafe impl GlobalAlloc for AgentAlloc {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         match class_of(&layout) {
-            None => sys::munmap(ptr, round_page(layout.size())),
+            None => sys::munmap(ptr, large_len(layout.size())),
             Some(class) => self.with_lists(|l| {
                 // SAFETY: the block is ours again and at least 16 bytes long.
                 unsafe { *(ptr as *mut usize) = l.free[class] };
@@ -157,8 +179,11 @@ unsafe impl GlobalAlloc for AgentAlloc {
         let new_large = class_of(&new_layout).is_none();
         if old_large && new_large && layout.align() <= PAGE {
             // Page-aligned mappings grow or shrink in place or move without copying.
-            let p = sys::mremap(ptr, round_page(layout.size()), round_page(new_size));
+            let p = sys::mremap(ptr, large_len(layout.size()), large_len(new_size));
             if !p.is_null() {
+                if large_len(new_size) >= HUGE {
+                    sys::advise_huge_pages(p as u64, large_len(new_size));
+                }
                 return p;
             }
         }
@@ -185,12 +210,13 @@ mod tests {
     fn blocks_are_aligned_disjoint_and_reused() {
         let a = AgentAlloc::new();
         let mut blocks = Vec::new();
-        for (size, align) in [(1, 1), (8, 8), (24, 8), (100, 16), (4096, 64), (70_000, 8), (10, 8192), (200_000, 65536)] {
+        for (size, align) in [(1, 1), (8, 8), (24, 8), (100, 16), (4096, 64), (70_000, 8), (10, 8192), (200_000, 65536), (HUGE / 2, 8), (3 * HUGE + 5, 4096)] {
             let l = Layout::from_size_align(size, align).unwrap();
             // SAFETY: valid non-zero layouts; every block is written within its size.
             let p = unsafe { a.alloc(l) };
             assert!(!p.is_null(), "{size}/{align}");
-            assert_eq!(p as usize % align.max(16), 0, "{size}/{align} misaligned: {p:p}");
+            let align = if size >= HUGE / 2 { HUGE } else { align.max(16) };
+            assert_eq!(p as usize % align, 0, "{size}/{align} misaligned: {p:p}");
             unsafe { core::ptr::write_bytes(p, 0xab, size) };
             blocks.push((p, l));
         }
@@ -219,7 +245,10 @@ mod tests {
             for i in 0..10 {
                 *p.add(i) = i as u8;
             }
-            for new in [100, 5000, 100_000, 3_000_000, 50] {
+            // Into huge pages and out: whole pages, huge pages, more of them, fewer, a class.
+            let neighbour = a.alloc(Layout::from_size_align(HUGE, 8).unwrap());
+            core::ptr::write_bytes(neighbour, 9, HUGE);
+            for new in [100, 5000, 100_000, HUGE / 2 + 1, 3_000_000, 5 * HUGE + 3, 2 * HUGE, 50] {
                 p = a.realloc(p, l, new);
                 assert!(!p.is_null());
                 for i in 0..10 {
@@ -229,6 +258,7 @@ mod tests {
                 l = Layout::from_size_align(new, 8).unwrap();
             }
             a.dealloc(p, l);
+            assert!((0..HUGE).all(|i| *neighbour.add(i) == 9), "the neighbour block kept its bytes");
         }
     }
 }

@@ -225,7 +225,7 @@ pub fn write_patches(module: &Path, patches: &[Patch]) -> Vec<(Patch, String)> {
     // Ids of the functions that failed so far: a whole module can fail (a mapping that
     // cannot be made writable), and a list searched per patch would then be quadratic.
     let mut failed_ids: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    for stage in [Stage::Island, Stage::Entry, Stage::BorrowedIsland, Stage::ShortJump] {
+    for stage in STAGES {
         let mut todo = Vec::new();
         for p in patches.iter().filter(|p| p.jump.stage == stage && !done(p)) {
             if failed_ids.contains(&p.id) {
@@ -247,6 +247,9 @@ pub fn write_patches(module: &Path, patches: &[Patch]) -> Vec<(Patch, String)> {
     }
     failed
 }
+
+/// The stages in the order their patches are written: no jump leads to bytes not yet written.
+const STAGES: [Stage; 4] = [Stage::Island, Stage::Entry, Stage::BorrowedIsland, Stage::ShortJump];
 
 /// A mapping with a jump on at least one page in this many is patched in a copy.
 const DENSE: u64 = 4;
@@ -281,7 +284,14 @@ fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> 
     if patching == Patching::InPlace as u8 {
         return Vec::new();
     }
-    let mapping_of = |a: u64| mapping_holding(maps, a);
+    // Patches come mostly in address order: the mapping of the last one is tried first.
+    let mut recent = NONE;
+    let mut mapping_of = |a: u64| {
+        if recent == NONE || a < maps[recent].lo || a >= maps[recent].hi {
+            recent = mapping_holding(maps, a).unwrap_or(NONE);
+        }
+        (recent != NONE).then_some(recent)
+    };
     // The mapping of each patch (NONE: it crosses into the next one, or lies in none); a
     // mapping that a patch crosses out of or into is written in place.
     let mut eligible: Vec<bool> = maps
@@ -332,22 +342,24 @@ fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> 
     }
     let mut done = Vec::new();
     let mut huge = None;
-    for (i, mut group) in groups.into_iter().enumerate() {
+    for (i, group) in groups.into_iter().enumerate() {
         let m = &maps[i];
         if group.is_empty() {
             continue;
         }
-        let mut pages: Vec<u64> = group.iter().map(|p| p.jump.address / 4096).collect();
-        pages.sort_unstable();
-        pages.dedup();
-        if pages.len() as u64 * DENSE < (m.hi - m.lo) / 4096 {
+        let mut seen = vec![0u64; ((m.hi - m.lo) / 4096).div_ceil(64) as usize];
+        let mut pages = 0;
+        for p in &group {
+            let k = ((p.jump.address - m.lo) / 4096) as usize;
+            pages += u64::from(seen[k / 64] & 1 << (k % 64) == 0);
+            seen[k / 64] |= 1 << (k % 64);
+        }
+        if pages * DENSE < (m.hi - m.lo) / 4096 {
             continue;
         }
         if patching != Patching::Copy as u8 && !*huge.get_or_insert_with(huge_pages_available) {
             break;
         }
-        // The order the stages would write them in, in case two ever overlap.
-        group.sort_by_key(|p| (p.jump.stage as u8, p.jump.address));
         if write_in_copy(module, &group, m) {
             done.push((m.lo, m.hi));
         }
@@ -401,7 +413,8 @@ fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
     // a module's code, which nothing writes while it is patched; `[copy, copy + len)` lies in
     // the fresh read-write mapping just made, of `len` plus a huge page's bytes.
     unsafe { core::ptr::copy_nonoverlapping(m.lo as *const u8, copy as *mut u8, len) };
-    for p in patches {
+    // In the order the stages would write them, in case two ever overlap.
+    for p in STAGES.iter().flat_map(|&stage| patches.iter().filter(move |p| p.jump.stage == stage)) {
         let bytes = p.jump.bytes();
         // SAFETY: the patch lies wholly inside the mapping (the caller checked), so at the
         // same offset inside the copy; see `write_sorted` for why its bytes may be written.
@@ -875,7 +888,9 @@ pub fn plan_module(
         build_id.as_deref().unwrap_or("-"),
         obj.path.display()
     );
-    let mut plans = Vec::new();
+    // Most functions are planned: one allocation (growing by doubling, each step is fresh
+    // memory to fault in).
+    let mut plans = Vec::with_capacity(inv.count());
     let mut skips: Vec<(usize, &'static str, Cow<'_, str>)> = Vec::new();
     // Timing mode changes return addresses; code its module describes for unwinders everywhere
     // else but not here is someone's generated code, whose runtime may walk it.
