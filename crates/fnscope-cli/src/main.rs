@@ -7,6 +7,7 @@ mod funcs;
 mod progress;
 mod record;
 mod server;
+mod table_cache;
 mod values;
 
 use anyhow::{bail, Context, Result};
@@ -61,7 +62,8 @@ enum Command {
         #[arg(long)]
         no_follow_exec: bool,
         /// Analyse every module again instead of using the analyses of earlier runs (kept
-        /// next to the agent library, per file version, and used automatically).
+        /// next to the agent library, per file version, and used automatically), and
+        /// compress every image table again instead of taking big ones from earlier runs.
         #[arg(long)]
         no_cache: bool,
         /// Mono programs: turn the JIT's inlining off (adds `-O=-inline` to

@@ -30,7 +30,8 @@ pub struct RecordOptions {
     pub count: bool,
     /// Trace the programs the program runs with `exec` too.
     pub follow_exec: bool,
-    /// Use (and fill) the cache of module analyses.
+    /// Use (and fill) the caches: module analyses (the agent's) and compressed image tables
+    /// ([`crate::table_cache`]).
     pub plan_cache: bool,
     /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
     pub mono_no_inline: bool,
@@ -405,6 +406,14 @@ impl Region {
         let n = n.min(records_per_chunk(self.chunk_size));
         // SAFETY: the record area of chunk i holds records_per_chunk records, 8-byte aligned.
         unsafe { std::slice::from_raw_parts((self.chunk(i) as *const u8).add(CHUNK_HEADER_SIZE) as *const Record, n) }
+    }
+
+    /// Slots agents may have taken: they raise `slots_used` before taking one, so no slot at
+    /// or past it was ever owned. Looking no further spares the pages of the others (reading a
+    /// page of the region gives it memory), a few milliseconds at the end of every run.
+    fn slots_used(&self) -> u32 {
+        // SAFETY: aligned u32 in the header, raised by agents.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).slots_used)) }.load(Ordering::Acquire).min(self.slots)
     }
 
     fn slot(&self, i: u32) -> *mut u8 {
@@ -874,7 +883,7 @@ impl Recorder {
             live.entry((pid, tid)).or_default().push(Segment::new(sid, pid, tid, seq, 0, 0, recs));
         }
         let now = tsc();
-        for i in 0..self.region.slots {
+        for i in 0..self.region.slots_used() {
             use fnscope_abi::{SlotHead, SLOT_OWNED};
             let slot = self.region.slot(i);
             // SAFETY: the header of a slot inside the mapping; state is read atomically.
@@ -942,7 +951,7 @@ impl Recorder {
     fn close_dead_stacks(&mut self, all: bool) -> Result<()> {
         use fnscope_abi::{SlotHead, SLOT_OWNED};
         let now = tsc();
-        for i in 0..self.region.slots {
+        for i in 0..self.region.slots_used() {
             let slot = self.region.slot(i);
             // SAFETY: the state word of a slot header inside the mapping.
             let state = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*(slot as *mut SlotHead)).state)) };
@@ -998,6 +1007,30 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
     }
 }
 
+extern "C" fn on_child(_sig: libc::c_int) {}
+
+/// A child's end interrupts the recorder's nap ([`nap`]): the recorder sees it at once, not
+/// up to a nap later. The handler does nothing; `exec` resets it in the program.
+fn install_child_wakeup() {
+    // SAFETY: installing a handler that does nothing. `nanosleep` ends on a handled signal
+    // even with SA_RESTART, which the recorder's other system calls get.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_child as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGCHLD, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Sleeps for `d`, or until a signal arrives (a child's end: [`install_child_wakeup`]).
+fn nap(d: Duration) {
+    let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
+    // SAFETY: nanosleep with a valid timespec and no remainder pointer; an interrupted nap
+    // just ends early.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
 fn install_signal_forwarding() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
         // SAFETY: installing an async-signal-safe handler (one atomic store).
@@ -1027,6 +1060,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let region = Region::create(&dir, opts.chunks, opts.chunk_size)?;
     let agent = crate::agent_lib::path()?;
     let mut writer = TraceWriter::create(&dir.join("trace.fns"))?;
+    if let Some(cache) = opts.plan_cache.then(|| crate::table_cache::TableCache::next_to(&agent)).flatten() {
+        writer.set_frame_store(Box::new(cache));
+    }
     let (tsc0, mono0, real0) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
     let meta = Meta {
         command: opts.command.clone(),
@@ -1104,6 +1140,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     }
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     install_signal_forwarding();
+    install_child_wakeup();
     let child_pid = child.id() as libc::pid_t;
     let flight = opts.flight.clone().map(|o| Flight::new(o, ticks_per_ns));
     let mut rec = Recorder {
@@ -1133,7 +1170,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
-    let mut last_busy = Instant::now();
+    // None until the program hands a chunk over: it is starting (a big program hooks for tens
+    // of milliseconds), and nothing is to be copied soon.
+    let mut last_busy: Option<Instant> = None;
     let mut last_image_look = Instant::now();
     let mut naps = Naps::default();
     // Short naps must be short: the kernel's default slack would add 50 us to each.
@@ -1190,8 +1229,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         rec.scan_live()?;
         rec.snapshot_if_due()?;
         if busy > 0 {
-            naps.chunks(busy, last_busy.elapsed());
-            last_busy = Instant::now();
+            if let Some(t) = last_busy {
+                naps.chunks(busy, t.elapsed());
+            }
+            last_busy = Some(Instant::now());
         } else {
             if last_image_look.elapsed() >= IMAGE_LOOK {
                 rec.copy_new_images()?;
@@ -1202,8 +1243,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             // mode, a 1 ms nap cost the program a fifth of its speed), but not much sooner
             // than the next one can be full: each nap is a system call and a timer, and naps
             // of 5 us were a fifth of the recorder's time. An idle program gets the long nap.
-            let nap = if last_busy.elapsed() < Duration::from_millis(20) { naps.short() } else { Duration::from_millis(1) };
-            std::thread::sleep(nap);
+            nap(if last_busy.is_some_and(|t| t.elapsed() < Duration::from_millis(20)) { naps.short() } else { Duration::from_millis(1) });
         }
     }
     rec.drain(false)?;

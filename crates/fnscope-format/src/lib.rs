@@ -559,6 +559,8 @@ pub struct TraceWriter {
     /// The last few image table bodies compressed, with their frames: a build starts the
     /// same compiler many times, each process with the same table but for its first lines.
     packed_bodies: Vec<PackedBody>,
+    /// Where image table bodies compressed in earlier recordings are kept, if anywhere.
+    frame_store: Option<Box<dyn FrameStore>>,
     /// RAW chunks written.
     raw_chunks: u64,
     /// Format version in the header, which decides how EVENTS chunks store times and whether
@@ -593,6 +595,7 @@ impl TraceWriter {
             segment: Default::default(),
             image_zstd: None,
             packed_bodies: Vec::new(),
+            frame_store: None,
             raw_chunks: 0,
             version,
         };
@@ -648,6 +651,12 @@ impl TraceWriter {
         self.chunk(KIND_META)
     }
 
+    /// Takes image table bodies compressed in earlier recordings from `store`, and keeps
+    /// those it compresses there (see [`FrameStore`]).
+    pub fn set_frame_store(&mut self, store: Box<dyn FrameStore>) {
+        self.frame_store = Some(store);
+    }
+
     /// Writes an IMAGE chunk holding `table_text` (the agent's `images/<sid>.txt`).
     ///
     /// From version 5 the table is stored as two zstd frames: its head (the lines before the
@@ -671,7 +680,17 @@ impl TraceWriter {
         let at = match self.packed_bodies.iter().position(|p| *p.text == *body) {
             Some(at) => at,
             None => {
-                let frame = zstd.compress(body).map_err(io_err("compress an image table for", path))?;
+                let kept = self.frame_store.as_ref().and_then(|s| s.get(body)).filter(|f| frame_holds(f, body.len()));
+                let frame = match kept {
+                    Some(f) => f,
+                    None => {
+                        let f = zstd.compress(body).map_err(io_err("compress an image table for", path))?;
+                        if let Some(s) = &self.frame_store {
+                            s.put(body, &f);
+                        }
+                        f
+                    }
+                };
                 self.packed_bodies.truncate(PACKED_BODIES_KEPT - 1);
                 self.packed_bodies.push(PackedBody { text: body.into(), frame: frame.into() });
                 self.packed_bodies.len() - 1
@@ -806,6 +825,26 @@ fn timing_of(version: u32) -> events::Timing {
     } else {
         events::Timing::Exits
     }
+}
+
+/// Keeps compressed image table bodies from one recording to the next. A program's table body
+/// (its functions with their ids, addresses and verdicts) is the same each run, and a big
+/// one (2.9 MiB for `cc1plus`) takes the recorder longer to compress than the program takes
+/// to start: with the frame kept, a short-lived big program's trace is complete sooner after
+/// it ends.
+pub trait FrameStore: Send {
+    /// A zstd frame holding `body`, if one was kept. [`TraceWriter::write_image`] still
+    /// checks that the frame is whole and holds `body.len()` bytes; that they are `body`'s
+    /// bytes is the store's to make sure of.
+    fn get(&self, body: &[u8]) -> Option<Vec<u8>>;
+    /// Keeps `frame`, the zstd frame just made of `body`.
+    fn put(&self, body: &[u8], frame: &[u8]);
+}
+
+/// Whether `frame` is one whole zstd frame that says it holds `len` bytes.
+fn frame_holds(frame: &[u8], len: usize) -> bool {
+    zstd::zstd_safe::find_frame_compressed_size(frame) == Ok(frame.len())
+        && zstd::zstd_safe::get_frame_content_size(frame).ok().flatten() == Some(len as u64)
 }
 
 /// An image table body as written, and its zstd frame.

@@ -846,3 +846,65 @@ fn image_tables_are_packed_and_bodies_shared() {
         assert!(e.contains(why), "{e}");
     }
 }
+
+/// Frames kept by a [`FrameStore`], by body; `gets` and `puts` count the calls.
+#[derive(Default)]
+struct MemoryStore {
+    frames: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    gets: std::sync::atomic::AtomicUsize,
+    puts: std::sync::atomic::AtomicUsize,
+    /// Hands out this instead of what it keeps (a damaged store).
+    forged: Option<Vec<u8>>,
+}
+
+impl FrameStore for std::sync::Arc<MemoryStore> {
+    fn get(&self, body: &[u8]) -> Option<Vec<u8>> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.forged.clone().or_else(|| self.frames.lock().unwrap().get(body).cloned())
+    }
+    fn put(&self, body: &[u8], frame: &[u8]) {
+        self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.frames.lock().unwrap().insert(body.to_vec(), frame.to_vec());
+    }
+}
+
+/// A body compressed in one recording is taken from the store in the next (same chunk bytes
+/// as compressing it again would give); a frame from the store that is not one whole frame
+/// of the body's length is not used, and the table is compressed instead. Every trace reads
+/// back the tables written.
+#[test]
+fn image_bodies_come_from_a_frame_store() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tmpdir("frame-store");
+    let table = big_image(7, 0x5500_0000_0000, 5000);
+    let record = |name: &str, store: Option<std::sync::Arc<MemoryStore>>| {
+        let path = dir.join(name);
+        let mut w = TraceWriter::create(&path).unwrap();
+        if let Some(s) = store {
+            w.set_frame_store(Box::new(s));
+        }
+        w.write_meta(&sample_meta()).unwrap();
+        w.write_image(0, &table).unwrap();
+        w.write_end(&sample_end()).unwrap();
+        w.flush().unwrap();
+        let (chunks, truncated) = read_all(&path).unwrap();
+        assert!(!truncated);
+        let read: Vec<_> = chunks.into_iter().filter_map(|c| match c { Chunk::Image { sid, table } => Some((sid, table)), _ => None }).collect();
+        assert_eq!(read, vec![(0, ImageTable::parse(0, &table).unwrap())], "{name}");
+        std::fs::read(&path).unwrap()
+    };
+    let plain = record("plain.fns", None);
+    let store = std::sync::Arc::new(MemoryStore::default());
+    assert_eq!(record("first.fns", Some(store.clone())), plain);
+    assert_eq!((store.gets.load(Relaxed), store.puts.load(Relaxed)), (1, 1), "looked up, then kept");
+    assert_eq!(record("second.fns", Some(store.clone())), plain);
+    assert_eq!((store.gets.load(Relaxed), store.puts.load(Relaxed)), (2, 1), "taken from the store");
+
+    let frame = store.frames.lock().unwrap().values().next().unwrap().clone();
+    let other = zstd::bulk::compress(&table.as_bytes()[..table.len() / 2], 1).unwrap();
+    for (forged, why) in [(frame[..frame.len() - 9].to_vec(), "cut short"), (other, "another length")] {
+        let bad = std::sync::Arc::new(MemoryStore { forged: Some(forged), ..Default::default() });
+        assert_eq!(record("forged.fns", Some(bad.clone())), plain, "{why}");
+        assert_eq!(bad.puts.load(Relaxed), 1, "{why}: compressed again");
+    }
+}
