@@ -263,22 +263,40 @@ impl Analysis {
 
 /// [`Analysis::as_is`] of each function given its verdict: where its prologue starts in the
 /// bytes returned (its length is the hook's `relocate_len`), if it moves as it is.
-fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict]) -> (Vec<Option<u32>>, Vec<u8>) {
+fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict], threads: usize) -> (Vec<Option<u32>>, Vec<u8>) {
+    // Each prologue is decoded again (42,000 of `cc1plus`'s): on `threads` threads, each
+    // taking a run of functions.
+    let prologue = |k: usize| {
+        let h = verdicts[k].hook()?;
+        let code = inv.code_bytes(data, inv.functions[k].address).and_then(|c| c.get(..usize::from(h.relocate_len)));
+        code.filter(|c| fnscope_x86::moves_as_is(c))
+    };
+    let n = verdicts.len().min(inv.functions.len());
+    let found: Vec<Option<&[u8]>> = parallel_runs(n, threads, |r| r.map(prologue).collect());
     let mut bytes = Vec::new();
-    let ranges = inv
-        .functions
-        .iter()
-        .zip(verdicts)
-        .map(|(f, v)| {
-            let h = v.hook()?;
-            let code = inv.code_bytes(data, f.address).and_then(|c| c.get(..usize::from(h.relocate_len)));
-            let c = code.filter(|c| fnscope_x86::moves_as_is(c))?;
+    let ranges = found
+        .into_iter()
+        .map(|c| {
             let at = bytes.len() as u32;
-            bytes.extend_from_slice(c);
+            bytes.extend_from_slice(c?);
             Some(at)
         })
         .collect();
     (ranges, bytes)
+}
+
+/// `f` over `0..n` split into one run of indices per thread (up to `threads`), results in
+/// order. A run whose thread panicked is done again on this one.
+fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
+    if threads < 2 || n < 1024 {
+        return f(0..n);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|sc| {
+        let f = &f;
+        let runs: Vec<_> = (0..n).step_by(per).map(|a| (a..(a + per).min(n), sc.spawn(move || f(a..(a + per).min(n))))).collect();
+        runs.into_iter().flat_map(|(r, h)| h.join().unwrap_or_else(|_| f(r))).collect()
+    })
 }
 
 static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -439,11 +457,15 @@ fn store(file: &Path, o: &[u8]) {
 /// (its [`cache_key`] in that mode); also tells which functions at `kept_entries` can take an
 /// entry hook with their return address kept (see [`fnscope_x86::analyze_with_kept_entries`]).
 fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64], key: Option<(PathBuf, String)>) -> Result<(Analysis, Vec<Option<Hook>>), String> {
-    let data = crate::sys::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Mapped, not read: the module's 36 MB (`cc1plus`) would be as many megabytes of fresh
+    // memory and a copy. A module in use is not written in place (the kernel refuses for an
+    // executable; a library rewritten under a running program breaks it anyway).
+    let data = crate::sys::map_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let inv = fnscope_symbols::load_bytes(path, &data).map_err(|e| e.to_string())?;
     let debug = debug_files(inv.debug_file.as_deref(), inv.build_id.as_deref());
-    let (verdicts, kept) = fnscope_x86::analyze_with_kept_entries(&inv, &data, ra, threads(), kept_entries);
-    let as_is = as_is_of(&inv, &data, &verdicts);
+    let threads = threads();
+    let (verdicts, kept) = fnscope_x86::analyze_with_kept_entries(&inv, &data, ra, threads, kept_entries);
+    let as_is = as_is_of(&inv, &data, &verdicts, threads);
     let k = key.as_ref().map_or("", |(_, k)| k.as_str());
     let bug = || format!("{}: the analysis cannot be encoded (a bug of fnscope)", path.display());
     let o = seal(encode(k, &debug, inv.build_id.as_deref(), &inv.functions, &verdicts, &as_is).ok_or_else(bug)?);

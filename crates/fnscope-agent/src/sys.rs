@@ -289,10 +289,12 @@ impl Drop for Bytes {
 
 /// Maps a whole file read-only, or reads it where it cannot be mapped. Only for files that
 /// are replaced by renaming and never written after (the analysis cache's, written once with
-/// [`write_new_file`]): a file cut short under a mapping would fault on the lost pages, and
-/// one changed would change bytes already checked. Mapping a 4 MiB plan takes the page
-/// cache's pages as they are; reading it took a fresh page, a fault and a copy for each
-/// 4 KiB (3 ms of a warm `cc1plus` start-up).
+/// [`write_new_file`]), or that the program runs (a module: the kernel refuses to write an
+/// executable while it runs, and a library rewritten in place breaks the program anyway): a
+/// file cut short under a mapping would fault on the lost pages, and one changed would
+/// change bytes already checked. Mapping a 4 MiB plan takes the page cache's pages as they
+/// are; reading it took a fresh page, a fault and a copy for each 4 KiB (3 ms of a warm
+/// `cc1plus` start-up).
 pub fn map_file(path: &std::path::Path) -> Result<Bytes, Errno> {
     match map_whole(path) {
         Err(Errno(e)) if e as isize != ENOENT => read_file(path).map(Bytes::from),

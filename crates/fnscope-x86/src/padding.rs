@@ -71,9 +71,14 @@ impl Module {
         let starts: Vec<u64> = inv.functions.iter().map(|f| f.address).collect();
         let starts_index = Paged::new(&starts);
         // Only code can hold a patch or padding: references to data (most RIP-relative
-        // operands) are dropped first, without the two searches.
+        // operands) are dropped first, without the two searches. A big module has millions
+        // of references: most data ones lie outside the span of all code, and most branches
+        // land in its biggest section, each told by two comparisons.
+        let code_lo = inv.code.iter().map(|c| c.address).min().unwrap_or(0);
+        let code_hi = inv.code.iter().map(|c| c.address + c.size).max().unwrap_or(0);
+        let text = inv.code.iter().max_by_key(|c| c.size);
         let interesting = |t: u64| {
-            if inv.code_range(t).is_none() {
+            if t < code_lo || t >= code_hi || !(text.is_some_and(|c| c.contains(t)) || inv.code_range(t).is_some()) {
                 return false;
             }
             let j = starts_index.count_le(t);
