@@ -62,7 +62,8 @@ pub struct RegionHeader {
     /// Records dropped because no chunk was free in time, summed over all threads.
     pub lost_records: u64,
     /// Shadow-stack slots ever claimed: slots at this index and above were never used, so
-    /// an agent looking for slots of an earlier image of its process stops here.
+    /// an agent looking for slots of an earlier image of its process stops here, and so does
+    /// the recorder looking for open calls of dead threads.
     pub slots_used: u32,
     /// Number of agent instances that initialised (for the summary).
     pub agents: u32,

@@ -10,8 +10,9 @@
 //!
 //! Small blocks (up to [`LARGE`], alignment up to a page) are powers of two carved from 1 MiB
 //! arenas and recycled through one free list per size. Larger blocks are mappings of their own, resized with `mremap`.
-//! From half a huge page up they are whole, aligned 2 MiB huge pages where the kernel gives
-//! them ([`large_len`]): start-up fills megabytes of fresh memory (the image table, the
+//! From half a huge page up they are whole 2 MiB huge pages where the kernel gives them
+//! ([`large_len`]; mapped at a huge page's alignment, though a block `mremap` moves may land
+//! off it, and then only its aligned part gets them): start-up fills megabytes of fresh memory (the image table, the
 //! plans, the patches), and on a virtual machine a fresh 4 KiB page costs about 2.5 µs, four
 //! times what the same bytes cost in a huge page.
 //! A spin lock guards the lists: allocation happens at start-up, after `dlopen` and in the

@@ -156,15 +156,22 @@ fn maps_ranges() -> Vec<(u64, u64)> {
     mappings().iter().map(|m| (m.lo, m.hi)).collect()
 }
 
-/// Maps `len` bytes read-write within ±2 GiB of every address in `[lo, hi)`, preferring the
-/// space just below the module (above it, the heap of an executable wants to grow).
+/// Maps `len` bytes (at least: see [`map_near`]) read-write within ±2 GiB of every address in
+/// `[lo, hi)`, preferring the space just below the module (above it, the heap of an
+/// executable wants to grow), every page faulted in.
 pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
-    const PAGE: u64 = 4096;
-    const REACH: u64 = (1 << 31) - (1 << 20);
     // An area of a huge page or more (a big module's trampolines) in whole huge pages: a fresh
     // 4 KiB page costs about 2.5 us on a virtual machine, four times what its bytes cost in a
-    // huge page.
-    let huge = len as u64 >= HUGE_PAGE;
+    // huge page. Where no gap in reach takes one so aligned, pages will do.
+    (len as u64 >= HUGE_PAGE).then(|| map_near(lo, hi, len, true)).flatten().or_else(|| map_near(lo, hi, len, false))
+}
+
+/// [`alloc_near`] of `len` bytes rounded up to whole pages, or with `huge` to whole huge
+/// pages at a huge page's alignment.
+fn map_near(lo: u64, hi: u64, len: usize, huge: bool) -> Option<Area> {
+    const PAGE: u64 = 4096;
+    const REACH: u64 = (1 << 31) - (1 << 20);
+    const MADV_POPULATE_WRITE: usize = 23;
     let align = if huge { HUGE_PAGE } else { PAGE };
     let len = round_up(len, align as usize) as u64;
     let maps = maps_ranges();
@@ -180,7 +187,11 @@ pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
         prev_end = prev_end.max(b);
     }
     candidates.push(round_up(prev_end as usize, align as usize) as u64);
-    candidates.retain(|&c| c + len <= hi.saturating_add(REACH) && c >= hi.saturating_sub(REACH) && c + len <= lo + REACH && lo.saturating_sub(REACH) <= c);
+    candidates.retain(|&c| {
+        c.checked_add(len).is_some_and(|end| end <= hi.saturating_add(REACH) && end <= lo.saturating_add(REACH))
+            && c >= hi.saturating_sub(REACH)
+            && lo.saturating_sub(REACH) <= c
+    });
     candidates.sort_by_key(|&c| if c + len <= lo { (0, lo - c) } else { (1, c.abs_diff(hi)) });
     for c in candidates {
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; on success the range
@@ -192,7 +203,7 @@ pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
                 len as usize,
                 (PROT_READ | PROT_WRITE) as usize,
                 // Populated: every page is written next, and one call faults them all in. Huge
-                // pages are asked for after the mapping is made, and come as it is written.
+                // pages are asked for once the mapping is made, and populated then.
                 (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | if huge { 0 } else { libc::MAP_POPULATE }) as usize,
                 usize::MAX,
                 0,
@@ -208,6 +219,9 @@ pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
         }
         if huge {
             crate::sys::advise_huge_pages(c, len as usize);
+            // SAFETY: advice on the fresh mapping just made; it only faults its pages in (a
+            // kernel without it refuses, and the pages come as they are written).
+            unsafe { crate::sys::syscall6(28, c as usize, len as usize, MADV_POPULATE_WRITE, 0, 0, 0) };
         }
         return Some(Area { base: c, len: len as usize });
     }
@@ -424,12 +438,15 @@ fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
     // the fresh read-write mapping just made, of `len` plus a huge page's bytes.
     unsafe { core::ptr::copy_nonoverlapping(m.lo as *const u8, copy as *mut u8, len) };
     // In the order the stages would write them, in case two ever overlap.
+    let mut written = 0;
     for p in STAGES.iter().flat_map(|&stage| patches.iter().filter(move |p| p.jump.stage == stage)) {
+        written += 1;
         let bytes = p.jump.bytes();
         // SAFETY: the patch lies wholly inside the mapping (the caller checked), so at the
         // same offset inside the copy; see `write_sorted` for why its bytes may be written.
         unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), (copy + (p.jump.address - m.lo)) as *mut u8, bytes.len()) };
     }
+    debug_assert_eq!(written, patches.len(), "a stage missing from STAGES");
     if crate::sys::mprotect(copy, len, m.prot).is_err() {
         crate::sys::munmap(r, room);
         return false;

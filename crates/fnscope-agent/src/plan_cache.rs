@@ -294,8 +294,15 @@ fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<u
     let per = n.div_ceil(threads);
     std::thread::scope(|sc| {
         let f = &f;
-        let runs: Vec<_> = (0..n).step_by(per).map(|a| (a..(a + per).min(n), sc.spawn(move || f(a..(a + per).min(n))))).collect();
-        runs.into_iter().flat_map(|(r, h)| h.join().unwrap_or_else(|_| f(r))).collect()
+        let runs: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|a| {
+                let r = a..(a + per).min(n);
+                (r.clone(), std::thread::Builder::new().spawn_scoped(sc, move || f(r)).ok())
+            })
+            .collect();
+        // A thread that could not be made (a limit on processes) or panicked: its run here.
+        runs.into_iter().flat_map(|(r, h)| h.and_then(|h| h.join().ok()).unwrap_or_else(|| f(r))).collect()
     })
 }
 
@@ -458,8 +465,8 @@ fn store(file: &Path, o: &[u8]) {
 /// entry hook with their return address kept (see [`fnscope_x86::analyze_with_kept_entries`]).
 fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64], key: Option<(PathBuf, String)>) -> Result<(Analysis, Vec<Option<Hook>>), String> {
     // Mapped, not read: the module's 36 MB (`cc1plus`) would be as many megabytes of fresh
-    // memory and a copy. A module in use is not written in place (the kernel refuses for an
-    // executable; a library rewritten under a running program breaks it anyway).
+    // memory and a copy. The program has the same file mapped already, so a file cut short
+    // under the mapping (which would fault here) faults in the program's own code too.
     let data = crate::sys::map_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let inv = fnscope_symbols::load_bytes(path, &data).map_err(|e| e.to_string())?;
     let debug = debug_files(inv.debug_file.as_deref(), inv.build_id.as_deref());

@@ -1017,7 +1017,8 @@ fn install_child_wakeup() {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_child as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
+        // A child stopped or continued (a debugger, ^Z) is no news for the recorder.
+        sa.sa_flags = libc::SA_RESTART | libc::SA_NOCLDSTOP;
         libc::sigemptyset(&mut sa.sa_mask);
         libc::sigaction(libc::SIGCHLD, &sa, std::ptr::null_mut());
     }

@@ -4,13 +4,16 @@
 //! does for that program (15 ms for `cc1plus`'s 2.9 MiB), and the program may have ended
 //! before it is done.
 //!
-//! One file per body, named by the body's 128-bit xxh3 hash: a body can only find its own
-//! frame, so nothing ever makes an entry stale. Each file holds a magic, the body's length
-//! and the frame's hash, then the frame; a file that does not check out is removed and the
-//! body compressed again. Files are written under a temporary name and renamed, so readers
-//! never see half a file. The folder is kept under [`MAX_BYTES`], oldest used first out
-//! (reading a file marks it used). `record --no-cache` neither reads nor writes it;
-//! `rm -rf ~/.cache/fnscope/tables` clears it.
+//! One file per body, named by the body's 128-bit xxh3 hash, so nothing ever makes an entry
+//! stale. Each file holds a magic, the body's length and hash, and the frame's hash, then the
+//! frame; a file that does not check out (another body's, cut short, damaged) is removed and
+//! the body compressed again. Files are written under a temporary name of their own (created
+//! exclusively) and renamed, so readers never see half a file. Only bodies that are the same
+//! each run are kept: a body with a `module` line (a library loaded later, at an address of
+//! that run, or a JIT's code, which grows) is not. The folder (`tables/` next to the
+//! agent library: `$XDG_CACHE_HOME/fnscope`, `~/.cache/fnscope` or the temporary folder) is
+//! kept under [`MAX_BYTES`], oldest used first out (reading a file marks it used). `record
+//! --no-cache` neither reads nor writes it; removing the folder clears it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,7 +25,8 @@ const MIN_BODY: usize = 256 << 10;
 /// Bound on the folder's size.
 const MAX_BYTES: u64 = 64 << 20;
 const MAGIC: &[u8; 8] = b"FNSTBL1\0";
-const HEAD: usize = 8 + 8 + 16;
+/// Magic, body length, body hash, frame hash.
+const HEAD: usize = 8 + 8 + 16 + 16;
 
 /// The cache folder (see the module's documentation).
 pub struct TableCache {
@@ -37,8 +41,8 @@ impl TableCache {
         Some(TableCache { dir })
     }
 
-    fn file(&self, body: &[u8]) -> PathBuf {
-        self.dir.join(format!("{:032x}.zst", XxHash3_128::oneshot(body)))
+    fn file(&self, hash: u128) -> PathBuf {
+        self.dir.join(format!("{hash:032x}.zst"))
     }
 
     /// Removes the files used longest ago until the folder holds at most [`MAX_BYTES`].
@@ -69,12 +73,14 @@ impl fnscope_format::FrameStore for TableCache {
         if body.len() < MIN_BODY {
             return None;
         }
-        let path = self.file(body);
+        let hash = XxHash3_128::oneshot(body);
+        let path = self.file(hash);
         let mut bytes = std::fs::read(&path).ok()?;
         let sound = bytes.len() > HEAD
             && bytes[..8] == *MAGIC
             && bytes[8..16] == (body.len() as u64).to_le_bytes()
-            && bytes[16..HEAD] == XxHash3_128::oneshot(&bytes[HEAD..]).to_le_bytes();
+            && bytes[16..32] == hash.to_le_bytes()
+            && bytes[32..HEAD] == XxHash3_128::oneshot(&bytes[HEAD..]).to_le_bytes();
         if !sound {
             let _ = std::fs::remove_file(&path);
             return None;
@@ -87,21 +93,39 @@ impl fnscope_format::FrameStore for TableCache {
 
     fn put(&self, body: &[u8], frame: &[u8]) {
         static N: AtomicU32 = AtomicU32::new(0);
-        if body.len() < MIN_BODY {
+        if body.len() < MIN_BODY || !same_each_run(body) {
             return;
         }
+        let hash = XxHash3_128::oneshot(body);
         let mut bytes = Vec::with_capacity(HEAD + frame.len());
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&hash.to_le_bytes());
         bytes.extend_from_slice(&XxHash3_128::oneshot(frame).to_le_bytes());
         bytes.extend_from_slice(frame);
-        let tmp = self.dir.join(format!(".{}.{}.tmp", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-        if std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, self.file(body))).is_err() {
+        // A name no other writer uses, on this host or another sharing the folder.
+        let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let tmp = self.dir.join(format!(".{}.{}.{stamp:x}.tmp", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let written = std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
+            .and_then(|()| std::fs::rename(&tmp, self.file(hash)));
+        if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
             return;
         }
         self.trim();
     }
+}
+
+/// Whether a table body is the same in every run of its program: it has no `module` line
+/// (the head holds the modules of start-up; one in the body is a library loaded later, at an
+/// address of that run, or a JIT's code, whose methods are added as they are compiled).
+fn same_each_run(body: &[u8]) -> bool {
+    const LINE: &[u8] = b"module\t";
+    !(body.starts_with(LINE) || body.windows(LINE.len() + 1).any(|w| w[0] == b'\n' && w[1..] == *LINE))
 }
 
 #[cfg(test)]
@@ -130,9 +154,23 @@ mod tests {
 
         let small = body(3, MIN_BODY - 1);
         cache.put(&small, &frame);
-        assert_eq!(cache.get(&small), None, "small bodies are compressed each time");
+        assert!(!cache.file(XxHash3_128::oneshot(&small)).exists(), "small bodies are compressed each time");
+        let mut loaded_later = body(4, MIN_BODY);
+        loaded_later.extend_from_slice(b"\nmodule\t1\t7f0000000000\t-\t/lib/libz.so\n");
+        cache.put(&loaded_later, &frame);
+        assert!(!cache.file(XxHash3_128::oneshot(&loaded_later)).exists(), "a body with a module line is not kept");
 
-        let path = cache.file(&a);
+        // Another body's file under this body's name (a clash of temporary names between
+        // hosts sharing the folder) is refused: the body's hash is in the file.
+        let path = cache.file(XxHash3_128::oneshot(&a));
+        std::fs::copy(cache.file(XxHash3_128::oneshot(&a)), cache.dir.join("saved")).unwrap();
+        cache.put(&b, &frame);
+        std::fs::rename(cache.file(XxHash3_128::oneshot(&b)), &path).unwrap();
+        assert_eq!(cache.get(&a), None, "another body's file");
+        assert!(!path.exists(), "a file that does not check out is removed");
+        std::fs::rename(cache.dir.join("saved"), &path).unwrap();
+        assert_eq!(cache.get(&a), Some(frame.clone()));
+
         let mut bytes = std::fs::read(&path).unwrap();
         let n = bytes.len();
         bytes[n - 1] ^= 1;
@@ -152,7 +190,7 @@ mod tests {
         cache.put(&bodies[2], &big);
         std::thread::sleep(std::time::Duration::from_millis(20));
         cache.put(&bodies[3], &big);
-        let kept: Vec<bool> = bodies.iter().map(|b| cache.file(b).exists()).collect();
+        let kept: Vec<bool> = bodies.iter().map(|b| cache.file(XxHash3_128::oneshot(b)).exists()).collect();
         assert_eq!(kept, [true, false, true, true], "the one used longest ago went");
         let total: u64 = std::fs::read_dir(&cache.dir).unwrap().flatten().map(|e| e.metadata().unwrap().len()).sum();
         assert!(total <= MAX_BYTES, "{total}");

@@ -76,7 +76,10 @@ impl Module {
         // land in its biggest section, each told by two comparisons.
         let code_lo = inv.code.iter().map(|c| c.address).min().unwrap_or(0);
         let code_hi = inv.code.iter().map(|c| c.address + c.size).max().unwrap_or(0);
-        let text = inv.code.iter().max_by_key(|c| c.size);
+        // Only a biggest section no other overlaps answers as `code_range` would.
+        let text = inv.code.iter().max_by_key(|c| c.size).filter(|t| {
+            inv.code.iter().all(|c| std::ptr::eq(c, *t) || c.address >= t.address + t.size || c.address + c.size <= t.address)
+        });
         let interesting = |t: u64| {
             if t < code_lo || t >= code_hi || !(text.is_some_and(|c| c.contains(t)) || inv.code_range(t).is_some()) {
                 return false;
@@ -88,39 +91,56 @@ impl Module {
         let scan_piece = |&(bytes, base, from, to): &Piece<'_>| {
             scan_piece(bytes, base, from, to, &starts, &gap_starts, &interesting)
         };
-        let results: Vec<Scanned> = if threads > 1 && pieces.len() > 1 {
-            // Pieces in order: each thread takes every `threads`-th one.
-            let mut out: Vec<Option<Scanned>> = vec![None; pieces.len()];
+        // Each thread sorts the references of its pieces (a big module has millions: sorting
+        // them was a tenth of a first analysis, on one processor), and the sorted runs are
+        // merged. No two references share a source, so the order is the one sort of all.
+        let by_target = |r: &Ref| (r.target, r.source);
+        let scan_sorted = |mine: &mut dyn Iterator<Item = (usize, &Piece<'_>)>| {
+            let mut refs = Vec::new();
+            let mut terms = Vec::new();
+            for (i, p) in mine {
+                let (r, t) = scan_piece(p);
+                refs.extend(r);
+                terms.push((i, t));
+            }
+            refs.sort_unstable_by_key(by_target);
+            (refs, terms)
+        };
+        let mut runs: Vec<Vec<Ref>> = Vec::new();
+        let mut terms_of: Vec<Option<Vec<(usize, bool)>>> = vec![None; pieces.len()];
+        if threads > 1 && pieces.len() > 1 {
+            // Each thread takes every `threads`-th piece.
             std::thread::scope(|sc| {
                 let handles: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let (pieces, scan_piece) = (&pieces, &scan_piece);
-                        sc.spawn(move || {
-                            pieces.iter().enumerate().skip(t).step_by(threads).map(|(i, p)| (i, scan_piece(p))).collect::<Vec<_>>()
-                        })
+                    .filter_map(|t| {
+                        let (pieces, scan_sorted) = (&pieces, &scan_sorted);
+                        std::thread::Builder::new()
+                            .spawn_scoped(sc, move || scan_sorted(&mut pieces.iter().enumerate().skip(t).step_by(threads)))
+                            .ok()
                     })
                     .collect();
                 for h in handles {
-                    // A piece's scan does not panic; if a thread did, its pieces are scanned
-                    // again below.
-                    for (i, r) in h.join().unwrap_or_default() {
-                        out[i] = Some(r);
+                    // A piece's scan does not panic; if a thread did, or could not be made (a
+                    // limit on processes), its pieces are scanned below.
+                    if let Ok((refs, terms)) = h.join() {
+                        runs.push(refs);
+                        for (i, t) in terms {
+                            terms_of[i] = Some(t);
+                        }
                     }
                 }
             });
-            out.into_iter().zip(&pieces).map(|(r, p)| r.unwrap_or_else(|| scan_piece(p))).collect()
-        } else {
-            pieces.iter().map(scan_piece).collect()
-        };
-        let mut refs = Vec::new();
-        // In piece order, as one pass from start to end would have set them.
-        for (r, terms) in results {
-            refs.extend(r);
-            for (g, t) in terms {
-                after_terminator[g] = t;
-            }
         }
-        refs.sort_unstable_by_key(|r| (r.target, r.source));
+        let (left, terms) = scan_sorted(&mut pieces.iter().enumerate().filter(|(i, _)| terms_of[*i].is_none()));
+        runs.push(left);
+        for (i, t) in terms {
+            terms_of[i] = Some(t);
+        }
+        // In piece order, as one pass from start to end would have set them.
+        for (g, t) in terms_of.into_iter().flatten().flatten() {
+            after_terminator[g] = t;
+        }
+        let refs = merge_sorted(runs, by_target);
         let mut runs = Vec::new();
         for (&start, _) in gap_starts
             .iter()
@@ -282,6 +302,28 @@ fn scan_piece(
         }
     }
     (refs, terms)
+}
+
+/// One sorted vector of the sorted `runs` (by `key`).
+fn merge_sorted<T: Copy, K: Ord>(mut runs: Vec<Vec<T>>, key: impl Fn(&T) -> K) -> Vec<T> {
+    while runs.len() > 1 {
+        let (a, b) = (runs.pop().unwrap_or_default(), runs.pop().unwrap_or_default());
+        let mut out = Vec::with_capacity(a.len() + b.len());
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() && j < b.len() {
+            if key(&a[i]) <= key(&b[j]) {
+                out.push(a[i]);
+                i += 1;
+            } else {
+                out.push(b[j]);
+                j += 1;
+            }
+        }
+        out.extend_from_slice(&a[i..]);
+        out.extend_from_slice(&b[j..]);
+        runs.push(out);
+    }
+    runs.pop().unwrap_or_default()
 }
 
 /// End of the `nop`/`int3` instructions from `start`, at most `limit`.
