@@ -74,11 +74,10 @@ enum Command {
         /// When more than CHUNKS full chunks wait for the recorder (the program makes calls
         /// faster than they compress), write them to the trace uncompressed, so that the
         /// program does not wait; they are compressed when the program has ended. 0 writes
-        /// every chunk uncompressed first; a large number never does. Default: a quarter of
-        /// the buffer's chunks (256 of the default 1,024). Not used by --flight, which copies
-        /// every chunk
-        #[arg(long, value_name = "CHUNKS")]
-        spill_after: Option<usize>,
+        /// every chunk uncompressed first; a large number never does. Not used by --flight,
+        /// which copies every chunk
+        #[arg(long, value_name = "CHUNKS", default_value_t = 4)]
+        spill_after: usize,
         #[command(flatten)]
         filters: record::FilterArgs,
         #[command(flatten)]
@@ -430,10 +429,6 @@ fn run(cli: Cli) -> Result<i32> {
             let chunk_size = if flight.is_some() { fnscope_abi::FLIGHT_CHUNK_SIZE } else { fnscope_abi::DEFAULT_CHUNK_SIZE };
             let chunks = (u64::from(buffer_mb.max(2)) * (1 << 20) / u64::from(chunk_size)).clamp(2, u64::from(u32::MAX)) as u32;
             let plan_cache = !no_cache;
-            // A backlog of a few chunks is no reason to spill: writing and reading a chunk
-            // again costs the CPU a program with a thread per core (a `make -j2`) needs, and
-            // the buffer has room. Spilling is for a backlog that would soon fill it.
-            let spill_after = spill_after.unwrap_or(chunks as usize / 4);
             let trace = output.clone();
             let flight_mode = flight.is_some();
             let out = record::record(&record::RecordOptions { output, libs, chunks, chunk_size, verbose, count, follow_exec, plan_cache, mono_no_inline, spill_after, filters, values, flight, command })?;
