@@ -173,6 +173,9 @@ fn map_near(lo: u64, hi: u64, len: usize, huge: bool) -> Option<Area> {
     const REACH: u64 = (1 << 31) - (1 << 20);
     const MADV_POPULATE_WRITE: usize = 23;
     let align = if huge { HUGE_PAGE } else { PAGE };
+    // The bytes that will be written: where the kernel gives no huge pages, the rest of the
+    // last one is not worth faulting in.
+    let want = round_up(len, PAGE as usize);
     let len = round_up(len, align as usize) as u64;
     let maps = maps_ranges();
     let mut candidates: Vec<u64> = Vec::new();
@@ -221,7 +224,7 @@ fn map_near(lo: u64, hi: u64, len: usize, huge: bool) -> Option<Area> {
             crate::sys::advise_huge_pages(c, len as usize);
             // SAFETY: advice on the fresh mapping just made; it only faults its pages in (a
             // kernel without it refuses, and the pages come as they are written).
-            unsafe { crate::sys::syscall6(28, c as usize, len as usize, MADV_POPULATE_WRITE, 0, 0, 0) };
+            unsafe { crate::sys::syscall6(28, c as usize, want, MADV_POPULATE_WRITE, 0, 0, 0) };
         }
         return Some(Area { base: c, len: len as usize });
     }

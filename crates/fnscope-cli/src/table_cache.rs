@@ -7,7 +7,7 @@
 //! One file per body, named by the body's 128-bit xxh3 hash, so nothing ever makes an entry
 //! stale. Each file holds a magic, the body's length and hash, and the frame's hash, then the
 //! frame; a file that does not check out (another body's, cut short, damaged) is removed and
-//! the body compressed again. Files are written under a temporary name of their own (created
+//! the body compressed again (one of another version, by its magic, is left to that version). Files are written under a temporary name of their own (created
 //! exclusively) and renamed, so readers never see half a file. Only bodies that are the same
 //! each run are kept: a body with a `module` line (a library loaded later, at an address of
 //! that run, or a JIT's code, which grows) is not. The folder (`tables/` next to the
@@ -24,7 +24,7 @@ use twox_hash::XxHash3_128;
 const MIN_BODY: usize = 256 << 10;
 /// Bound on the folder's size.
 const MAX_BYTES: u64 = 64 << 20;
-const MAGIC: &[u8; 8] = b"FNSTBL1\0";
+const MAGIC: &[u8; 8] = b"FNSTBL2\0";
 /// Magic, body length, body hash, frame hash.
 const HEAD: usize = 8 + 8 + 16 + 16;
 
@@ -76,8 +76,11 @@ impl fnscope_format::FrameStore for TableCache {
         let hash = XxHash3_128::oneshot(body);
         let path = self.file(hash);
         let mut bytes = std::fs::read(&path).ok()?;
+        // Another version's file is that version's to use, not to remove.
+        if !bytes.starts_with(MAGIC) {
+            return None;
+        }
         let sound = bytes.len() > HEAD
-            && bytes[..8] == *MAGIC
             && bytes[8..16] == (body.len() as u64).to_le_bytes()
             && bytes[16..32] == hash.to_le_bytes()
             && bytes[32..HEAD] == XxHash3_128::oneshot(&bytes[HEAD..]).to_le_bytes();
@@ -106,13 +109,9 @@ impl fnscope_format::FrameStore for TableCache {
         // A name no other writer uses, on this host or another sharing the folder.
         let stamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let tmp = self.dir.join(format!(".{}.{}.{stamp:x}.tmp", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-        let written = std::fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
-            .and_then(|()| std::fs::rename(&tmp, self.file(hash)));
-        if written.is_err() {
+        // A name taken already is another writer's file: not ours to remove.
+        let Ok(mut f) = std::fs::File::options().write(true).create_new(true).open(&tmp) else { return };
+        if std::io::Write::write_all(&mut f, &bytes).and_then(|()| std::fs::rename(&tmp, self.file(hash))).is_err() {
             let _ = std::fs::remove_file(&tmp);
             return;
         }
@@ -157,8 +156,18 @@ mod tests {
         assert!(!cache.file(XxHash3_128::oneshot(&small)).exists(), "small bodies are compressed each time");
         let mut loaded_later = body(4, MIN_BODY);
         loaded_later.extend_from_slice(b"\nmodule\t1\t7f0000000000\t-\t/lib/libz.so\n");
-        cache.put(&loaded_later, &frame);
-        assert!(!cache.file(XxHash3_128::oneshot(&loaded_later)).exists(), "a body with a module line is not kept");
+        let mut jit = b"module\t1\t0\t-\t[jit]\n".to_vec();
+        jit.extend_from_slice(&body(5, MIN_BODY));
+        for (b, why) in [(&loaded_later, "a module line"), (&jit, "a module line first")] {
+            cache.put(b, &frame);
+            assert!(!cache.file(XxHash3_128::oneshot(b)).exists(), "a body with {why} is not kept");
+        }
+        // A file of another version is left alone.
+        let other = cache.file(XxHash3_128::oneshot(&b));
+        std::fs::write(&other, b"FNSTBL9\0whatever").unwrap();
+        assert_eq!(cache.get(&b), None);
+        assert!(other.exists(), "another version's file stays");
+        std::fs::remove_file(&other).unwrap();
 
         // Another body's file under this body's name (a clash of temporary names between
         // hosts sharing the folder) is refused: the body's hash is in the file.

@@ -93,8 +93,10 @@ impl Module {
         };
         // Each thread sorts the references of its pieces (a big module has millions: sorting
         // them was a tenth of a first analysis, on one processor), and the sorted runs are
-        // merged. No two references share a source, so the order is the one sort of all.
-        let by_target = |r: &Ref| (r.target, r.source);
+        // merged. Within a code range no two references share a source, and the kind breaks
+        // ties between overlapping ranges, so the order is that of one sort of all, whatever
+        // the threads.
+        let by_target = |r: &Ref| (r.target, r.source, r.kind as u8);
         let scan_sorted = |mine: &mut dyn Iterator<Item = (usize, &Piece<'_>)>| {
             let mut refs = Vec::new();
             let mut terms = Vec::new();
