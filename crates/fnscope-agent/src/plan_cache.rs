@@ -272,7 +272,7 @@ fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict],
         code.filter(|c| fnscope_x86::moves_as_is(c))
     };
     let n = verdicts.len().min(inv.functions.len());
-    let found: Vec<Option<&[u8]>> = parallel_runs(n, threads, |r| r.map(prologue).collect());
+    let found: Vec<Option<&[u8]>> = fnscope_x86::parallel_runs(n, threads, |r| r.map(prologue).collect());
     let mut bytes = Vec::new();
     let ranges = found
         .into_iter()
@@ -283,27 +283,6 @@ fn as_is_of(inv: &fnscope_symbols::Inventory, data: &[u8], verdicts: &[Verdict],
         })
         .collect();
     (ranges, bytes)
-}
-
-/// `f` over `0..n` split into one run of indices per thread (up to `threads`), results in
-/// order. A run whose thread panicked is done again on this one.
-fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
-    if threads < 2 || n < 1024 {
-        return f(0..n);
-    }
-    let per = n.div_ceil(threads);
-    std::thread::scope(|sc| {
-        let f = &f;
-        let runs: Vec<_> = (0..n)
-            .step_by(per)
-            .map(|a| {
-                let r = a..(a + per).min(n);
-                (r.clone(), std::thread::Builder::new().spawn_scoped(sc, move || f(r)).ok())
-            })
-            .collect();
-        // A thread that could not be made (a limit on processes) or panicked: its run here.
-        runs.into_iter().flat_map(|(r, h)| h.and_then(|h| h.join().ok()).unwrap_or_else(|| f(r))).collect()
-    })
 }
 
 static DIR: OnceLock<PathBuf> = OnceLock::new();

@@ -321,18 +321,29 @@ pub fn analyze_with_kept_entries(inv: &Inventory, data: &[u8], ra: ReturnAddress
     (verdicts_for(inv, data, ra, module, threads), kept)
 }
 
+/// `f` over `0..n` split into one run of indices per thread (up to `threads`; one run when
+/// `n` is small), results in order. A run whose thread panicked, or could not be made (a limit
+/// on processes), is done again on the calling thread.
+pub fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
+    if threads < 2 || n <= 1024 {
+        return f(0..n);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|sc| {
+        let f = &f;
+        let runs: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|a| {
+                let r = a..(a + per).min(n);
+                (r.clone(), std::thread::Builder::new().spawn_scoped(sc, move || f(r)).ok())
+            })
+            .collect();
+        runs.into_iter().flat_map(|(r, h)| h.and_then(|h| h.join().ok()).unwrap_or_else(|| f(r))).collect()
+    })
+}
+
 fn verdicts_for(inv: &Inventory, data: &[u8], ra: ReturnAddress, mut module: Module, threads: usize) -> Vec<Verdict> {
-    let local_of = |fs: &[Function]| fs.iter().map(|f| local(inv, data, f, ra)).collect::<Vec<Local>>();
-    let locals: Vec<Local> = if threads > 1 && inv.functions.len() > 1024 {
-        let per = inv.functions.len().div_ceil(threads);
-        std::thread::scope(|sc| {
-            let handles: Vec<_> = inv.functions.chunks(per).map(|fs| (fs, sc.spawn(move || local_of(fs)))).collect();
-            // A thread that panicked has its share done again here.
-            handles.into_iter().flat_map(|(fs, h)| h.join().unwrap_or_else(|_| local_of(fs))).collect()
-        })
-    } else {
-        local_of(&inv.functions)
-    };
+    let locals: Vec<Local> = parallel_runs(inv.functions.len(), threads, |r| inv.functions[r].iter().map(|f| local(inv, data, f, ra)).collect());
     let mut verdicts = Vec::with_capacity(locals.len());
     let mut pending = Vec::new();
     for (i, (f, l)) in inv.functions.iter().zip(&locals).enumerate() {

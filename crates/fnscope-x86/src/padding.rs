@@ -308,6 +308,7 @@ fn scan_piece(
 
 /// One sorted vector of the sorted `runs` (by `key`).
 fn merge_sorted<T: Copy, K: Ord>(mut runs: Vec<Vec<T>>, key: impl Fn(&T) -> K) -> Vec<T> {
+    runs.retain(|r| !r.is_empty());
     while runs.len() > 1 {
         let (a, b) = (runs.pop().unwrap_or_default(), runs.pop().unwrap_or_default());
         let mut out = Vec::with_capacity(a.len() + b.len());
