@@ -294,7 +294,7 @@ pub fn analyze_for(inv: &Inventory, data: &[u8], ra: ReturnAddress) -> Vec<Verdi
 
 /// [`analyze_for`] on up to `threads` threads: the same verdicts, sooner for a big module.
 pub fn analyze_on(inv: &Inventory, data: &[u8], ra: ReturnAddress, threads: usize) -> Vec<Verdict> {
-    let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads);
+    let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads, ra == ReturnAddress::Replaced);
     verdicts_for(inv, data, ra, module, threads)
 }
 
@@ -305,12 +305,12 @@ pub fn analyze_on(inv: &Inventory, data: &[u8], ra: ReturnAddress, threads: usiz
 /// a first start-up. A function the whole analysis would make lend islands relocates more
 /// bytes there; here it relocates only those its own jump needs.
 pub fn analyze_with_kept_entries(inv: &Inventory, data: &[u8], ra: ReturnAddress, threads: usize, entries: &[u64]) -> (Vec<Verdict>, Vec<Option<Hook>>) {
-    let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads);
+    let module = Module::scan(inv, data, MAX_PATCH_LEN as u64, threads, ra == ReturnAddress::Replaced);
     let kept = entries
         .iter()
         .map(|&a| {
             let f = inv.functions.get(inv.functions.partition_point(|f| f.address < a)).filter(|f| f.address == a)?;
-            match local(inv, data, f, ReturnAddress::Kept) {
+            match local(inv, data, f, ReturnAddress::Kept, None) {
                 Local::Open(Open { entry: Ok(len), .. }) if branch_into(&module, a, len, len).is_none() => {
                     Some(Hook { relocate_len: len as u8, form: HookForm::Entry })
                 }
@@ -343,7 +343,10 @@ pub fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Ran
 }
 
 fn verdicts_for(inv: &Inventory, data: &[u8], ra: ReturnAddress, mut module: Module, threads: usize) -> Vec<Verdict> {
-    let locals: Vec<Local> = parallel_runs(inv.functions.len(), threads, |r| inv.functions[r].iter().map(|f| local(inv, data, f, ra)).collect());
+    let walked = &module.walked;
+    let locals: Vec<Local> = parallel_runs(inv.functions.len(), threads, |r| {
+        r.map(|i| local(inv, data, &inv.functions[i], ra, walked.get(i).and_then(Option::as_ref))).collect()
+    });
     let mut verdicts = Vec::with_capacity(locals.len());
     let mut pending = Vec::new();
     for (i, (f, l)) in inv.functions.iter().zip(&locals).enumerate() {
@@ -478,8 +481,9 @@ struct Open {
     short: Option<usize>,
 }
 
-/// The verdict from the function's own instructions.
-fn local(inv: &Inventory, data: &[u8], f: &Function, ra: ReturnAddress) -> Local {
+/// The verdict from the function's own instructions. `walked` is the answer of
+/// [`retaddr::use_of_return_address`] for `f`, if the module scan found it.
+fn local(inv: &Inventory, data: &[u8], f: &Function, ra: ReturnAddress, walked: Option<&Option<String>>) -> Local {
     if !f.entry {
         let why = f.not_entry_why.unwrap_or("not a function entry");
         return Local::Final(skip(skip_reason::NOT_ENTRY, why.to_string()));
@@ -494,7 +498,11 @@ fn local(inv: &Inventory, data: &[u8], f: &Function, ra: ReturnAddress) -> Local
         ));
     };
     if ra == ReturnAddress::Replaced {
-        if let Some(how) = retaddr::use_of_return_address(bytes, f) {
+        let how = match walked {
+            Some(how) => how.clone(),
+            None => retaddr::use_of_return_address(bytes, f),
+        };
+        if let Some(how) = how {
             return Local::Final(skip(skip_reason::READS_RETURN_ADDRESS, how));
         }
     }

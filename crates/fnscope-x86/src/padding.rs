@@ -10,7 +10,8 @@
 //!   not taken: in code they are as likely data (a table, a constant) as filler,
 //! - and ends before the first byte any instruction of the module refers to.
 
-use fnscope_symbols::Inventory;
+use crate::retaddr::{Step, Walk};
+use fnscope_symbols::{Function, Inventory};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
 
 /// How an instruction refers to an address.
@@ -40,20 +41,26 @@ struct Run {
     next_free: u64,
 }
 
-/// References into the first bytes of functions and into unclaimed bytes, and the free
-/// padding runs.
+/// References into the first bytes of functions (past their start) and into unclaimed bytes,
+/// and the free padding runs.
 pub(crate) struct Module {
     /// Sorted by target.
     refs: Vec<Ref>,
     /// Sorted by start, disjoint.
     runs: Vec<Run>,
+    /// For each function (same order as `inv.functions`), what the walk of
+    /// [`crate::retaddr::use_of_return_address`] from its entry found, if the scan could walk
+    /// it in passing; empty when not asked for.
+    pub(crate) walked: Vec<Option<Option<String>>>,
 }
 
 impl Module {
     /// Decodes all code of `inv` once, in pieces on up to `threads` threads. References are
-    /// kept when they land in code, within `near_start` bytes of a function start or outside
-    /// every claim.
-    pub(crate) fn scan(inv: &Inventory, data: &[u8], near_start: u64, threads: usize) -> Module {
+    /// kept when they land in code, within `near_start` bytes after a function start (at the
+    /// start itself only when another function starts less than `near_start` bytes before)
+    /// or outside every claim. With `walk`, each function's use of its return address is
+    /// looked for in passing (see [`Module::walked`]).
+    pub(crate) fn scan(inv: &Inventory, data: &[u8], near_start: u64, threads: usize, walk: bool) -> Module {
         let owned = coalesce(&inv.claims);
         let owned_starts: Vec<u64> = owned.iter().map(|r| r.0).collect();
         let owned_index = Paged::new(&owned_starts);
@@ -84,12 +91,21 @@ impl Module {
             if t < code_lo || t >= code_hi || !(text.is_some_and(|c| c.contains(t)) || inv.code_range(t).is_some()) {
                 return false;
             }
+            // Most references are calls to a function's start, which no patch but an earlier
+            // function's can cover, and which no padding can follow (a function start is
+            // claimed): those are dropped, sparing the sort millions of them.
             let j = starts_index.count_le(t);
-            (j > 0 && t - starts[j - 1] < near_start) || !is_owned(t)
+            let near = |k: usize| k > 0 && t - starts[k - 1] < near_start;
+            (near(j) && (t != starts[j - 1] || near(j - 1))) || !is_owned(t)
         };
         let pieces = pieces(inv, data, &starts, threads);
+        // A walk needs a function's bytes from the one code range that holds it, as
+        // `Inventory::code_bytes` gives them: with overlapping sections, the scan's range
+        // might not be that one.
+        let disjoint = inv.code.windows(2).all(|w| w[0].address + w[0].size <= w[1].address);
+        let walk_of = (walk && disjoint).then_some(inv.functions.as_slice());
         let scan_piece = |&(bytes, base, from, to): &Piece<'_>| {
-            scan_piece(bytes, base, from, to, &starts, &gap_starts, &interesting)
+            scan_piece(bytes, base, from, to, &starts, &gap_starts, &interesting, walk_of)
         };
         // Each thread sorts the references of its pieces (a big module has millions: sorting
         // them was a tenth of a first analysis, on one processor), and the sorted runs are
@@ -100,41 +116,59 @@ impl Module {
         let scan_sorted = |mine: &mut dyn Iterator<Item = (usize, &Piece<'_>)>| {
             let mut refs = Vec::new();
             let mut terms = Vec::new();
+            let mut walks = Vec::new();
             for (i, p) in mine {
-                let (r, t) = scan_piece(p);
-                refs.extend(r);
-                terms.push((i, t));
+                let s = scan_piece(p);
+                refs.extend(s.refs);
+                terms.push((i, s.terms));
+                walks.extend(s.walked);
             }
             refs.sort_unstable_by_key(by_target);
-            (refs, terms)
+            (refs, terms, walks)
+        };
+        let mut walked: Vec<Option<Option<String>>> = Vec::new();
+        if walk_of.is_some() {
+            walked.resize(inv.functions.len(), None);
+        }
+        let mut keep_walks = |walks: Vec<(usize, Option<String>)>| {
+            for (i, how) in walks {
+                walked[i] = Some(how);
+            }
         };
         let mut runs: Vec<Vec<Ref>> = Vec::new();
         let mut terms_of: Vec<Option<Vec<(usize, bool)>>> = vec![None; pieces.len()];
         if threads > 1 && pieces.len() > 1 {
-            // Each thread takes every `threads`-th piece.
+            // Each thread takes the next piece nobody took: pieces of one size can take quite
+            // different times, and a fixed share left one thread working alone for a tenth of
+            // the scan.
+            let next = std::sync::atomic::AtomicUsize::new(0);
             std::thread::scope(|sc| {
                 let handles: Vec<_> = (0..threads)
-                    .filter_map(|t| {
-                        let (pieces, scan_sorted) = (&pieces, &scan_sorted);
-                        std::thread::Builder::new()
-                            .spawn_scoped(sc, move || scan_sorted(&mut pieces.iter().enumerate().skip(t).step_by(threads)))
-                            .ok()
+                    .filter_map(|_| {
+                        let (pieces, scan_sorted, next) = (&pieces, &scan_sorted, &next);
+                        let mut mine = std::iter::from_fn(move || {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            pieces.get(i).map(|p| (i, p))
+                        });
+                        std::thread::Builder::new().spawn_scoped(sc, move || scan_sorted(&mut mine)).ok()
                     })
                     .collect();
                 for h in handles {
                     // A piece's scan does not panic; if a thread did, or could not be made (a
                     // limit on processes), its pieces are scanned below.
-                    if let Ok((refs, terms)) = h.join() {
+                    if let Ok((refs, terms, walks)) = h.join() {
                         runs.push(refs);
                         for (i, t) in terms {
                             terms_of[i] = Some(t);
                         }
+                        keep_walks(walks);
                     }
                 }
             });
         }
-        let (left, terms) = scan_sorted(&mut pieces.iter().enumerate().filter(|(i, _)| terms_of[*i].is_none()));
+        let (left, terms, walks) = scan_sorted(&mut pieces.iter().enumerate().filter(|(i, _)| terms_of[*i].is_none()));
         runs.push(left);
+        keep_walks(walks);
         for (i, t) in terms {
             terms_of[i] = Some(t);
         }
@@ -143,28 +177,30 @@ impl Module {
             after_terminator[g] = t;
         }
         let refs = merge_sorted(runs, by_target);
-        let mut runs = Vec::new();
-        for (&start, _) in gap_starts
+        let gaps: Vec<(u64, u64)> = gap_starts
             .iter()
             .zip(&after_terminator)
             .filter(|(_, &t)| t)
-        {
-            let limit = owned
-                .get(owned.partition_point(|r| r.0 <= start))
-                .map_or(u64::MAX, |r| r.0);
-            let first_ref = refs
-                .get(refs.partition_point(|r| r.target < start))
-                .map_or(u64::MAX, |r| r.target);
-            let end = padding_end(inv, data, start, limit.min(first_ref));
-            if end > start {
-                runs.push(Run {
-                    start,
-                    end,
-                    next_free: start,
-                });
-            }
-        }
-        Module { refs, runs }
+            .map(|(&start, _)| {
+                let limit = owned
+                    .get(owned.partition_point(|r| r.0 <= start))
+                    .map_or(u64::MAX, |r| r.0);
+                let first_ref = refs
+                    .get(refs.partition_point(|r| r.target < start))
+                    .map_or(u64::MAX, |r| r.target);
+                (start, limit.min(first_ref))
+            })
+            .collect();
+        let runs = crate::parallel_runs(gaps.len(), threads, |r| {
+            gaps[r]
+                .iter()
+                .filter_map(|&(start, limit)| {
+                    let end = padding_end(inv, data, start, limit);
+                    (end > start).then_some(Run { start, end, next_free: start })
+                })
+                .collect()
+        });
+        Module { refs, runs, walked }
     }
 
     /// References that land in `[from, to)`.
@@ -205,19 +241,25 @@ impl Module {
     }
 }
 
-/// What [`scan_piece`] finds: references, and whether a terminator ends right before each
-/// gap (by index in `gap_starts`) the piece's instructions reach.
-type Scanned = (Vec<Ref>, Vec<(usize, bool)>);
+/// What [`scan_piece`] finds.
+struct Scanned {
+    refs: Vec<Ref>,
+    /// Whether a terminator ends right before each gap (by index in `gap_starts`) the piece's
+    /// instructions reach.
+    terms: Vec<(usize, bool)>,
+    /// The walks from function entries (by index in `starts`) that ended within the piece.
+    walked: Vec<(usize, Option<String>)>,
+}
 
 /// A piece of code to decode: the code range's bytes and address, and the piece's bounds (the
 /// first a function start or the range's start, the second the next piece's start).
 type Piece<'a> = (&'a [u8], u64, u64, u64);
 
-/// Splits the code of `inv` at function starts into pieces of about equal size, a few per
-/// thread (pieces of one size can still take different times).
+/// Splits the code of `inv` at function starts into pieces of about equal size, eight per
+/// thread, taken in turn by whichever thread is free.
 fn pieces<'a>(inv: &Inventory, data: &'a [u8], starts: &[u64], threads: usize) -> Vec<Piece<'a>> {
     let total: u64 = inv.code.iter().map(|r| r.size).sum();
-    let target = (total / (4 * threads.max(1) as u64)).max(1 << 16);
+    let target = (total / (8 * threads.max(1) as u64)).max(1 << 16);
     let mut out = Vec::new();
     for range in &inv.code {
         let Some(bytes) = inv.code_bytes(data, range.address) else {
@@ -238,8 +280,11 @@ fn pieces<'a>(inv: &Inventory, data: &'a [u8], starts: &[u64], threads: usize) -
 }
 
 /// Decodes `[from, to)` of a code range (`bytes` at `base`), as [`Module::scan`] does all of
-/// it: the references kept and, for gaps right after the piece's instructions, whether a
-/// terminator ends before them (by index in `gap_starts`).
+/// it. With `walk_of` (the functions whose addresses are `starts`), a function's walk starts
+/// when the decoding reaches its entry and ends with the answer it gives, or unanswered when
+/// another entry or the piece's end comes first, or the decoding starts again elsewhere:
+/// the instructions after are not those its own decoding would see.
+#[allow(clippy::too_many_arguments)]
 fn scan_piece(
     bytes: &[u8],
     base: u64,
@@ -248,14 +293,25 @@ fn scan_piece(
     starts: &[u64],
     gap_starts: &[u64],
     interesting: &dyn Fn(u64) -> bool,
+    walk_of: Option<&[Function]>,
 ) -> Scanned {
-    let (mut refs, mut terms) = (Vec::new(), Vec::new());
+    let (mut refs, mut terms, mut walked) = (Vec::new(), Vec::new(), Vec::new());
+    let mut walk: Option<(usize, Walk)> = None;
     let end = base + bytes.len() as u64;
     let mut instr = Instruction::default();
     let mut decoder = Decoder::with_ip(64, bytes, base, DecoderOptions::NONE);
     reposition(&mut decoder, base, from);
     let mut k = starts.partition_point(|&s| s < from);
     let mut g = gap_starts.partition_point(|&s| s <= from);
+    // A walk cut short by what comes at `ip` gives its answer if it would have stopped there
+    // anyway, and none otherwise.
+    let cut = |walk: &mut Option<(usize, Walk)>, walked: &mut Vec<(usize, Option<String>)>, ip: u64| {
+        if let Some((i, w)) = walk.take() {
+            if w.ends_before(ip) {
+                walked.push((i, None));
+            }
+        }
+    };
     while decoder.can_decode() {
         let ip = decoder.ip();
         if ip >= to {
@@ -264,14 +320,24 @@ fn scan_piece(
         if k < starts.len() && starts[k] <= ip {
             let s = starts[k];
             k += 1;
+            cut(&mut walk, &mut walked, s);
             if s < ip && s < end {
                 // The previous instruction ran over a function start: decode from there.
                 reposition(&mut decoder, base, s);
                 g = gap_starts.partition_point(|&x| x <= s);
                 continue;
             }
+            if let Some(functions) = walk_of {
+                walk = Some((k - 1, Walk::new(&functions[k - 1], end)));
+            }
         }
         decoder.decode_out(&mut instr);
+        if let Some((i, w)) = &mut walk {
+            if let Step::Done(how) = w.step(&instr) {
+                walked.push((*i, how));
+                walk = None;
+            }
+        }
         if instr.is_invalid() {
             reposition(&mut decoder, base, ip + 1);
             continue;
@@ -303,7 +369,8 @@ fn scan_piece(
             });
         }
     }
-    (refs, terms)
+    cut(&mut walk, &mut walked, decoder.ip());
+    Scanned { refs, terms, walked }
 }
 
 /// One sorted vector of the sorted `runs` (by `key`).
@@ -434,6 +501,42 @@ fn reposition(decoder: &mut Decoder<'_>, base: u64, ip: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The walks the scan makes in passing answer as a function's own walk does, on every
+    /// function of real programs and on 1 or 3 threads, and they answer for most functions
+    /// (else the first analysis decodes most entries twice again).
+    #[test]
+    fn walks_in_the_scan_answer_as_their_own() {
+        let compiler = std::process::Command::new("g++").arg("-print-prog-name=cc1plus").output();
+        let compiler = compiler.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+        let mut seen = 0;
+        for p in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git", compiler.as_str()] {
+            let path = std::path::Path::new(p);
+            if p.is_empty() || !path.exists() {
+                continue;
+            }
+            seen += 1;
+            let data = std::fs::read(path).unwrap();
+            let inv = fnscope_symbols::load_bytes(path, &data).unwrap();
+            for threads in [1, 3] {
+                let module = Module::scan(&inv, &data, crate::MAX_PATCH_LEN as u64, threads, true);
+                assert_eq!(module.walked.len(), inv.functions.len());
+                let (mut answered, mut uses) = (0, 0);
+                for (f, w) in inv.functions.iter().zip(&module.walked) {
+                    let Some(how) = w else { continue };
+                    let bytes = inv.code_bytes(&data, f.address).unwrap();
+                    assert_eq!(how, &crate::retaddr::use_of_return_address(bytes, f), "{p}: {}", f.display_name());
+                    answered += 1;
+                    uses += how.is_some() as usize;
+                }
+                let n = inv.functions.len();
+                assert!(answered * 10 > n * 9, "{p}: {answered} of {n} walked in the scan");
+                assert!(uses > 0, "{p}: no use of a return address found");
+                assert!(Module::scan(&inv, &data, crate::MAX_PATCH_LEN as u64, threads, false).walked.is_empty());
+            }
+        }
+        assert!(seen >= 2, "libc and git are on every machine the tests run on");
+    }
 
     #[test]
     fn paged_search_counts_as_bisection_does() {

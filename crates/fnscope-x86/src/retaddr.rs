@@ -16,50 +16,90 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic
 /// Instructions looked at when the function's size is unknown.
 const UNSIZED_LIMIT: usize = 64;
 
-/// How the code at `f` (whose bytes start `bytes`) uses its return-address slot, in a few
-/// words, or `None` if the straight-line walk from the entry finds no such use.
+/// How the code at `f` (whose bytes start `bytes`, up to the end of its code range) uses its
+/// return-address slot, in a few words, or `None` if the straight-line walk from the entry
+/// finds no such use.
 pub(crate) fn use_of_return_address(bytes: &[u8], f: &Function) -> Option<String> {
-    let len = if f.size > 0 {
-        bytes.len().min(usize::try_from(f.size).unwrap_or(usize::MAX))
-    } else {
-        bytes.len()
-    };
-    let mut decoder = Decoder::with_ip(64, &bytes[..len], f.address, DecoderOptions::NONE);
+    let mut walk = Walk::new(f, f.address + bytes.len() as u64);
+    let mut decoder = Decoder::with_ip(64, bytes, f.address, DecoderOptions::NONE);
     let mut instr = Instruction::default();
-    // Bytes the stack pointer is below its value at the entry (the return-address slot is at
-    // `rsp + depth`), and the same for `rbp` once it is a frame pointer.
-    let mut depth: Option<i64> = Some(0);
-    let mut frame: Option<i64> = None;
-    let mut n = 0;
-    while decoder.can_decode() && (depth.is_some() || frame.is_some()) {
-        n += 1;
-        if f.size == 0 && n > UNSIZED_LIMIT {
-            break;
-        }
+    while decoder.can_decode() {
         decoder.decode_out(&mut instr);
-        if instr.is_invalid() {
-            break;
+        if let Step::Done(how) = walk.step(&instr) {
+            return how;
         }
-        let at = instr.ip() - f.address;
-        if let Some(how) = slot_access(&instr, depth, frame) {
-            return Some(format!("{how} at +{at}"));
+    }
+    None
+}
+
+/// The walk from one function's entry, fed one instruction at a time: by
+/// [`use_of_return_address`], or by the module scan, which decodes the same instructions in
+/// passing and so spares a big module's first analysis a second decoding of every entry.
+pub(crate) struct Walk {
+    address: u64,
+    /// The end of the function's bytes (of its code range when its size is unknown).
+    end: u64,
+    sized: bool,
+    /// Instructions fed so far.
+    n: usize,
+    /// Bytes the stack pointer is below its value at the entry (the return-address slot is at
+    /// `rsp + depth`), and the same for `rbp` once it is a frame pointer.
+    depth: Option<i64>,
+    frame: Option<i64>,
+}
+
+/// What a walk says after an instruction.
+pub(crate) enum Step {
+    /// Feed it the next instruction.
+    Go,
+    /// The answer of [`use_of_return_address`].
+    Done(Option<String>),
+}
+
+impl Walk {
+    /// A walk from the entry of `f`, whose code range ends at `code_end`.
+    pub(crate) fn new(f: &Function, code_end: u64) -> Walk {
+        let end = if f.size > 0 { code_end.min(f.address.saturating_add(f.size)) } else { code_end };
+        Walk { address: f.address, end, sized: f.size > 0, n: 0, depth: Some(0), frame: None }
+    }
+
+    /// Takes `instr`, the next instruction in address order, decoded from the bytes of the
+    /// whole code range: one that runs past the function's end stops the walk, as it would
+    /// not decode from the function's bytes alone.
+    pub(crate) fn step(&mut self, instr: &Instruction) -> Step {
+        if instr.ip() >= self.end {
+            return Step::Done(None);
         }
-        if depth == Some(0) && matches!(instr.mnemonic(), Mnemonic::Pop | Mnemonic::Popfq) {
-            return Some(format!("pops its return address at +{at}"));
+        self.n += 1;
+        if !self.sized && self.n > UNSIZED_LIMIT || instr.is_invalid() || instr.next_ip() > self.end {
+            return Step::Done(None);
         }
-        track(&instr, &mut depth, &mut frame);
-        if matches!(
+        let at = instr.ip() - self.address;
+        if let Some(how) = slot_access(instr, self.depth, self.frame) {
+            return Step::Done(Some(format!("{how} at +{at}")));
+        }
+        if self.depth == Some(0) && matches!(instr.mnemonic(), Mnemonic::Pop | Mnemonic::Popfq) {
+            return Step::Done(Some(format!("pops its return address at +{at}")));
+        }
+        track(instr, &mut self.depth, &mut self.frame);
+        let ends = matches!(
             instr.flow_control(),
             FlowControl::Return
                 | FlowControl::UnconditionalBranch
                 | FlowControl::IndirectBranch
                 | FlowControl::Exception
                 | FlowControl::Interrupt
-        ) {
-            break;
+        );
+        if ends || self.depth.is_none() && self.frame.is_none() {
+            return Step::Done(None);
         }
+        Step::Go
     }
-    None
+
+    /// Whether an instruction at `ip` would stop the walk, whatever it is.
+    pub(crate) fn ends_before(&self, ip: u64) -> bool {
+        ip >= self.end
+    }
 }
 
 /// The explicit memory operand of `instr`, if it touches the return-address slot.
