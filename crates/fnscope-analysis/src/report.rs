@@ -271,6 +271,7 @@ impl Aggregates {
         }
     }
 
+    #[inline]
     fn add(&mut self, c: &CallInfo) {
         if self.image.as_ref().is_none_or(|(k, _)| *k != c.image) {
             if let Some((k, v)) = self.image.take() {
