@@ -406,56 +406,108 @@ pub fn format_duration(ns: u64) -> String {
     }
 }
 
-/// Appends the decimal digits of `v`.
-pub(crate) fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+/// A short text (a number, a duration) built from its end in a fixed array, right-aligned
+/// after spaces: replay prints one or two per call, and appending it with copies of a fixed
+/// size keeps the C library's `memcpy` and `memset` out of each line (they were a quarter of
+/// the printing).
+pub(crate) struct ShortText {
+    /// Spaces, then the text ending at [`ShortText::END`], then spaces.
+    bytes: [u8; 48],
+    /// Where the text starts.
+    start: usize,
 }
 
-/// Appends [`format_duration`]'s text for `ns`, computed in integers where they give the same
-/// digits: replay prints a duration per call, and formatting floats was a large part of its
-/// time.
-pub(crate) fn push_duration(out: &mut Vec<u8>, ns: u64) {
-    let (unit, scale): (&[u8], u64) = match ns {
-        0..=999 => {
-            push_decimal(out, ns);
-            out.extend_from_slice(b" ns");
-            return;
-        }
-        1_000..=999_999 => (b" us", 1_000),
-        1_000_000..=999_999_999 => (b" ms", 1_000_000),
-        _ => (b" s", 1_000_000_000),
-    };
-    let step = scale / 1_000;
-    let (whole, rest) = (ns / scale, ns % scale);
-    let (mut thousandths, below) = (rest / step, rest % step);
-    // A value exactly halfway rounds the way its nearest double lies, and beyond 1e15 ns the
-    // double is no longer within a nanosecond: those take the floats' way. Elsewhere the
-    // double is far closer to the exact value than the exact value is to a rounding boundary.
-    if (step > 1 && below == step / 2) || ns >= 1_000_000_000_000_000 {
-        out.extend_from_slice(format_duration(ns).as_bytes());
-        return;
+impl ShortText {
+    const END: usize = 32;
+
+    pub(crate) fn new() -> ShortText {
+        ShortText { bytes: [b' '; 48], start: Self::END }
     }
-    thousandths += u64::from(below > step / 2);
-    let whole = whole + thousandths / 1_000;
-    let thousandths = thousandths % 1_000;
-    push_decimal(out, whole);
-    out.extend_from_slice(&[
-        b'.',
-        b'0' + (thousandths / 100) as u8,
-        b'0' + (thousandths / 10 % 10) as u8,
-        b'0' + (thousandths % 10) as u8,
-    ]);
-    out.extend_from_slice(unit);
+
+    fn push_front(&mut self, b: u8) {
+        self.start -= 1;
+        self.bytes[self.start] = b;
+    }
+
+    fn push_front_decimal(&mut self, mut v: u64) {
+        loop {
+            self.push_front(b'0' + (v % 10) as u8);
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+    }
+
+    /// The decimal digits of `v`.
+    pub(crate) fn decimal(v: u64) -> ShortText {
+        let mut t = ShortText::new();
+        t.push_front_decimal(v);
+        t
+    }
+
+    /// [`format_duration`]'s text for `ns`, computed in integers where they give the same
+    /// digits (formatting floats was a large part of a replay's time), or `None` where only
+    /// the floats give them.
+    pub(crate) fn duration(ns: u64) -> Option<ShortText> {
+        let mut t = ShortText::new();
+        let (unit, scale): (&[u8], u64) = match ns {
+            0..=999 => {
+                for &b in b" ns".iter().rev() {
+                    t.push_front(b);
+                }
+                t.push_front_decimal(ns);
+                return Some(t);
+            }
+            1_000..=999_999 => (b" us", 1_000),
+            1_000_000..=999_999_999 => (b" ms", 1_000_000),
+            _ => (b" s", 1_000_000_000),
+        };
+        let step = scale / 1_000;
+        let (whole, rest) = (ns / scale, ns % scale);
+        let (mut thousandths, below) = (rest / step, rest % step);
+        // A value exactly halfway rounds the way its nearest double lies, and beyond 1e15 ns
+        // the double is no longer within a nanosecond: those take the floats' way. Elsewhere
+        // the double is far closer to the exact value than the exact value is to a rounding
+        // boundary.
+        if (step > 1 && below == step / 2) || ns >= 1_000_000_000_000_000 {
+            return None;
+        }
+        thousandths += u64::from(below > step / 2);
+        let whole = whole + thousandths / 1_000;
+        let thousandths = thousandths % 1_000;
+        for &b in unit.iter().rev() {
+            t.push_front(b);
+        }
+        for k in 0..3 {
+            t.push_front(b'0' + (thousandths / [1, 10, 100][k] % 10) as u8);
+        }
+        t.push_front(b'.');
+        t.push_front_decimal(whole);
+        Some(t)
+    }
+
+    /// The text.
+    pub(crate) fn text(&self) -> &[u8] {
+        &self.bytes[self.start..Self::END]
+    }
+
+    /// Appends the text right-aligned in `width` columns (ASCII), like `{:>width}`, with one
+    /// copy of 16 bytes when that holds it.
+    pub(crate) fn push_padded(&self, out: &mut Vec<u8>, width: usize) {
+        let from = self.start.min(Self::END.saturating_sub(width));
+        match self.bytes.get(from..from + 16) {
+            Some(field) if Self::END - from <= 16 => {
+                let len = Self::END - from;
+                out.extend_from_slice(<&[u8; 16]>::try_from(field).expect("16 bytes"));
+                out.truncate(out.len() - 16 + len);
+            }
+            _ => {
+                out.resize(out.len() + width.saturating_sub(self.text().len()), b' ');
+                out.extend_from_slice(self.text());
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use crate::calls::{walk_calls_within, CallEvent, Ending, Order, Selection};
 use crate::spill::MEMORY_CALLS;
-use crate::{push_decimal, push_duration, AnalysisError};
+use crate::{format_duration, AnalysisError, ShortText};
 use std::io::Write;
 use std::path::Path;
 
@@ -15,11 +15,9 @@ fn out_err(e: std::io::Error) -> AnalysisError {
 /// total) without becoming more readable; braces still show the nesting.
 const MAX_INDENT: u32 = 200;
 
-/// Appends `text` right-aligned in `width` columns (ASCII), like `{:>width}`.
-fn pad_left(out: &mut Vec<u8>, text: &[u8], width: usize) {
-    out.resize(out.len() + width.saturating_sub(text.len()), b' ');
-    out.extend_from_slice(text);
-}
+/// Bytes of output gathered before they are written: a write per line, through the
+/// caller's buffered writer, was a copy and a dynamic call per line.
+const FLUSH_AT: usize = 64 * 1024;
 
 /// Prints each thread's calls in start order as an indented tree, like `uftrace replay`:
 /// `[   tid]   duration | name();` for a call without hooked callees, `name() {` … `} /* name */`
@@ -47,14 +45,13 @@ pub(crate) fn replay_tree_within(
 ) -> Result<Vec<String>, AnalysisError> {
     writeln!(out, "#{:>7} {:>10} | FUNCTION", "TID", "DURATION").map_err(out_err)?;
     let sel = Selection { pid: None, tid };
-    // Each line is put together by hand in one buffer and written at once: through the
-    // formatting machinery (padding, a string per duration and indentation) it was half of
-    // the time of a replay.
-    let mut line: Vec<u8> = Vec::with_capacity(256);
-    let mut dur: Vec<u8> = Vec::with_capacity(16);
+    // Lines are put together by hand in one buffer, written when it fills: through the
+    // formatting machinery (padding, a string per duration and indentation) they were half
+    // of the time of a replay.
+    let mut line: Vec<u8> = Vec::with_capacity(FLUSH_AT + 1024);
     // `[   tid] `, made again only when the thread changes: trees come a thread at a time.
     let mut tid_field: (Option<u32>, Vec<u8>) = (None, Vec::with_capacity(16));
-    let trace = walk_calls_within(path, &sel, Order::Completed, budget, |cx, ev| {
+    let walked = walk_calls_within(path, &sel, Order::Completed, budget, |cx, ev| {
         let (c, leave) = match ev {
             CallEvent::Enter(c) => (c, false),
             CallEvent::Exit(c) => (c, true),
@@ -67,20 +64,23 @@ pub(crate) fn replay_tree_within(
             *of = Some(c.tid);
             field.clear();
             field.push(b'[');
-            dur.clear();
-            push_decimal(&mut dur, u64::from(c.tid));
-            pad_left(field, &dur, 6);
+            ShortText::decimal(u64::from(c.tid)).push_padded(field, 6);
             field.extend_from_slice(b"] ");
         }
-        line.clear();
         line.extend_from_slice(&tid_field.1);
-        dur.clear();
-        if !c.has_callees || leave {
-            push_duration(&mut dur, cx.clock.duration_ns(c.entry_tsc, c.exit_tsc));
+        let ns = (!c.has_callees || leave).then(|| cx.clock.duration_ns(c.entry_tsc, c.exit_tsc));
+        match ns.map_or(Some(ShortText::new()), ShortText::duration) {
+            Some(d) => d.push_padded(&mut line, 10),
+            None => line.extend_from_slice(format!("{:>10}", format_duration(ns.unwrap_or_default())).as_bytes()),
         }
-        pad_left(&mut line, &dur, 10);
         line.extend_from_slice(b" | ");
-        line.extend_from_slice(&[b' '; 2 * MAX_INDENT as usize][..2 * c.depth.min(MAX_INDENT) as usize]);
+        // Sixteen spaces at a time (a copy of fixed size), the excess cut off.
+        let indent = 2 * c.depth.min(MAX_INDENT) as usize;
+        let to = line.len() + indent;
+        for _ in 0..indent.div_ceil(16) {
+            line.extend_from_slice(&[b' '; 16]);
+        }
+        line.truncate(to);
         let values = cx.values(&c);
         let name = cx.names.name(c.func);
         // A call the process died in (SIGKILL, a crash) says so; other calls that did not
@@ -143,9 +143,15 @@ pub(crate) fn replay_tree_within(
             line.extend_from_slice(b" */");
         }
         line.push(b'\n');
-        out.write_all(&line).map_err(out_err)
-    })?;
-    Ok(trace.warnings)
+        if line.len() >= FLUSH_AT {
+            out.write_all(&line).map_err(out_err)?;
+            line.clear();
+        }
+        Ok(())
+    });
+    // What was put together before an error is printed too.
+    out.write_all(&line).map_err(out_err)?;
+    Ok(walked?.warnings)
 }
 
 /// Prints the `function.txt` format of technique A: one line per call entry and exit, all

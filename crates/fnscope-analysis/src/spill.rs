@@ -599,7 +599,10 @@ impl Merge<'_> {
 /// callees) arrived innermost first and go outermost first. Calls whose subtree starts
 /// earlier all contain the first call held: a chain of its callers, no longer than the
 /// depth, sorted ahead of the rest. Returns how many they are.
-fn sort_entry_order(calls: &mut [Call]) -> usize {
+///
+/// `calls` may come back in another vector's memory: the calls are scattered into a second
+/// buffer that then takes the first one's place, rather than being copied back.
+fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
     let n = calls.len();
     let base = calls.first().map_or(0, |c| c.own);
     if n > u32::MAX as usize / 2 || calls.iter().enumerate().any(|(i, c)| c.own != base + i as u64) {
@@ -626,9 +629,14 @@ fn sort_entry_order(calls: &mut [Call]) -> usize {
             end[b] += end[b - 1];
         }
         // Scattered into a copy: moving calls in place along the permutation's cycles was
-        // twice as slow (each move waits for the previous one's cache miss).
-        sorted.clear();
-        sorted.resize(n, ZERO);
+        // twice as slow (each move waits for the previous one's cache miss). Every place of
+        // the copy is written below (the buckets and the earlier calls cover `0..n`), so one
+        // of the right length keeps what it holds: a buffer swapped in by the last spill,
+        // whose zeroing was as much memory traffic as the scatter.
+        if sorted.len() != n {
+            sorted.clear();
+            sorted.resize(n, ZERO);
+        }
         for (k, &i) in earlier.iter().enumerate() {
             sorted[k] = calls[i as usize];
         }
@@ -637,7 +645,7 @@ fn sort_entry_order(calls: &mut [Call]) -> usize {
             *e -= 1;
             sorted[*e as usize] = *c;
         }
-        calls.copy_from_slice(sorted);
+        std::mem::swap(calls, sorted);
     });
     earlier.len()
 }

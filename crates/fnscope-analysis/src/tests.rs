@@ -867,7 +867,7 @@ fn clock_agrees_with_the_division_it_replaces() {
 
 /// Durations put together in integers read exactly as `format_duration` writes them.
 #[test]
-fn push_duration_is_format_duration() {
+fn short_durations_are_format_duration() {
     let mut values: Vec<u64> = vec![0, 999, 1_000, 999_999, 1_000_000, 999_999_499, 999_999_500, 999_999_501];
     for scale in [1_000u64, 1_000_000, 1_000_000_000] {
         for k in [1u64, 2, 3, 7, 999, 1_000, 1_234, 999_999, 1_000_000] {
@@ -886,9 +886,24 @@ fn push_duration_is_format_duration() {
         x ^= x << 17;
         values.push(x >> (x % 64));
     }
-    for ns in values {
-        let mut out = Vec::new();
-        crate::push_duration(&mut out, ns);
-        assert_eq!(String::from_utf8(out).unwrap(), format_duration(ns), "{ns}");
+    let mut integers = 0;
+    for &ns in &values {
+        if let Some(t) = crate::ShortText::duration(ns) {
+            assert_eq!(std::str::from_utf8(t.text()).unwrap(), format_duration(ns), "{ns}");
+            integers += 1;
+            for width in [0, 10, 16, 20] {
+                let mut out = b"x".to_vec();
+                t.push_padded(&mut out, width);
+                assert_eq!(String::from_utf8(out).unwrap(), format!("x{:>width$}", format_duration(ns)), "{ns}, {width}");
+            }
+        }
     }
+    // Only halfway values and those beyond 1e15 ns (a fifth of these random ones) take the
+    // floats' way.
+    assert!(integers * 10 > values.len() * 7, "{integers} of {}", values.len());
+    assert!((0..1_000).all(|ns| crate::ShortText::duration(ns).is_some()));
+    let mut out = Vec::new();
+    crate::ShortText::new().push_padded(&mut out, 10);
+    crate::ShortText::decimal(1234567).push_padded(&mut out, 6);
+    assert_eq!(out, b"          1234567");
 }
