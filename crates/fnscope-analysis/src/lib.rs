@@ -420,6 +420,7 @@ pub(crate) struct ShortText {
 impl ShortText {
     const END: usize = 32;
 
+    /// No text: only spaces when padded.
     pub(crate) fn new() -> ShortText {
         ShortText { bytes: [b' '; 48], start: Self::END }
     }

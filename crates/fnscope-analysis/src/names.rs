@@ -99,8 +99,8 @@ impl Names {
     /// a call).
     #[inline]
     pub fn index(&mut self, sid: u32, id: u32) -> u32 {
-        if let Some((s, t)) = self.last {
-            if let Some(&i) = self.tables[t].get(id as usize).filter(|_| s == sid) {
+        if let Some((_, t)) = self.last.filter(|&(s, _)| s == sid) {
+            if let Some(&i) = self.tables[t].get(id as usize) {
                 return i;
             }
         }

@@ -144,14 +144,18 @@ pub(crate) fn replay_tree_within(
         }
         line.push(b'\n');
         if line.len() >= FLUSH_AT {
-            out.write_all(&line).map_err(out_err)?;
+            // Cleared whatever the write did, so that nothing is written twice.
+            let written = out.write_all(&line);
             line.clear();
+            written.map_err(out_err)?;
         }
         Ok(())
     });
-    // What was put together before an error is printed too.
-    out.write_all(&line).map_err(out_err)?;
-    Ok(walked?.warnings)
+    // What was put together before an error is printed too; the walk's error comes first.
+    let rest = out.write_all(&line);
+    let trace = walked?;
+    rest.map_err(out_err)?;
+    Ok(trace.warnings)
 }
 
 /// Prints the `function.txt` format of technique A: one line per call entry and exit, all

@@ -604,6 +604,10 @@ impl Merge<'_> {
 /// buffer that then takes the first one's place, rather than being copied back.
 fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
     let n = calls.len();
+    if n == 0 {
+        // Nothing to scatter: the scratch copy stays where it is, for the next buffer.
+        return 0;
+    }
     let base = calls.first().map_or(0, |c| c.own);
     if n > u32::MAX as usize / 2 || calls.iter().enumerate().any(|(i, c)| c.own != base + i as u64) {
         let base = calls.iter().map(|c| c.own).min().unwrap_or(0);
@@ -630,13 +634,11 @@ fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
         }
         // Scattered into a copy: moving calls in place along the permutation's cycles was
         // twice as slow (each move waits for the previous one's cache miss). Every place of
-        // the copy is written below (the buckets and the earlier calls cover `0..n`), so one
-        // of the right length keeps what it holds: a buffer swapped in by the last spill,
-        // whose zeroing was as much memory traffic as the scatter.
-        if sorted.len() != n {
-            sorted.clear();
-            sorted.resize(n, ZERO);
-        }
+        // the copy is written below (the buckets and the earlier calls cover `0..n`), so what
+        // it holds (a buffer swapped in by the last spill) is kept and only its growth
+        // zeroed: zeroing all of it was as much memory traffic as the scatter.
+        sorted.truncate(n);
+        sorted.resize(n, ZERO);
         for (k, &i) in earlier.iter().enumerate() {
             sorted[k] = calls[i as usize];
         }

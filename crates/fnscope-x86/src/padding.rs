@@ -41,8 +41,8 @@ struct Run {
     next_free: u64,
 }
 
-/// References into the first bytes of functions (past their start) and into unclaimed bytes,
-/// and the free padding runs.
+/// References into the first bytes of functions and into unclaimed bytes (which ones:
+/// [`Module::scan`]), and the free padding runs.
 pub(crate) struct Module {
     /// Sorted by target.
     refs: Vec<Ref>,
@@ -322,7 +322,9 @@ fn scan_piece(
             k += 1;
             cut(&mut walk, &mut walked, s);
             if s < ip && s < end {
-                // The previous instruction ran over a function start: decode from there.
+                // The previous instruction ran over a function start: decode from there. The
+                // function's walk is not started (its own decoding answers for it): `k` has
+                // moved past its start already.
                 reposition(&mut decoder, base, s);
                 g = gap_starts.partition_point(|&x| x <= s);
                 continue;
@@ -504,24 +506,25 @@ mod tests {
 
     /// The walks the scan makes in passing answer as a function's own walk does, on every
     /// function of real programs and on 1 or 3 threads, and they answer for most functions
-    /// (else the first analysis decodes most entries twice again).
+    /// (else the first analysis decodes most entries twice again). This test's own program
+    /// is always there; the C library, git and the C++ compiler where they are.
     #[test]
     fn walks_in_the_scan_answer_as_their_own() {
         let compiler = std::process::Command::new("g++").arg("-print-prog-name=cc1plus").output();
         let compiler = compiler.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
-        let mut seen = 0;
-        for p in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git", compiler.as_str()] {
+        let me = std::env::current_exe().unwrap();
+        let mut uses = 0;
+        for p in [me.to_str().unwrap(), "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/git", compiler.as_str()] {
             let path = std::path::Path::new(p);
             if p.is_empty() || !path.exists() {
                 continue;
             }
-            seen += 1;
             let data = std::fs::read(path).unwrap();
             let inv = fnscope_symbols::load_bytes(path, &data).unwrap();
             for threads in [1, 3] {
                 let module = Module::scan(&inv, &data, crate::MAX_PATCH_LEN as u64, threads, true);
                 assert_eq!(module.walked.len(), inv.functions.len());
-                let (mut answered, mut uses) = (0, 0);
+                let mut answered = 0;
                 for (f, w) in inv.functions.iter().zip(&module.walked) {
                     let Some(how) = w else { continue };
                     let bytes = inv.code_bytes(&data, f.address).unwrap();
@@ -531,11 +534,12 @@ mod tests {
                 }
                 let n = inv.functions.len();
                 assert!(answered * 10 > n * 9, "{p}: {answered} of {n} walked in the scan");
-                assert!(uses > 0, "{p}: no use of a return address found");
                 assert!(Module::scan(&inv, &data, crate::MAX_PATCH_LEN as u64, threads, false).walked.is_empty());
             }
         }
-        assert!(seen >= 2, "libc and git are on every machine the tests run on");
+        // The C library has functions that use their return-address slot (`dlsym` reads it).
+        let libc = std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6").exists();
+        assert!(!libc || uses > 0, "no use of a return address found, not even in the C library");
     }
 
     #[test]
