@@ -447,9 +447,9 @@ fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64], key: Optio
     // memory and a copy. The program has the same file mapped already, so a file cut short
     // under the mapping (which would fault here) faults in the program's own code too.
     let data = crate::sys::map_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let inv = fnscope_symbols::load_bytes(path, &data).map_err(|e| e.to_string())?;
-    let debug = debug_files(inv.debug_file.as_deref(), inv.build_id.as_deref());
     let threads = threads();
+    let inv = fnscope_symbols::load_bytes_on(path, &data, threads).map_err(|e| e.to_string())?;
+    let debug = debug_files(inv.debug_file.as_deref(), inv.build_id.as_deref());
     let (verdicts, kept) = fnscope_x86::analyze_with_kept_entries(&inv, &data, ra, threads, kept_entries);
     let as_is = as_is_of(&inv, &data, &verdicts, threads);
     let k = key.as_ref().map_or("", |(_, k)| k.as_str());

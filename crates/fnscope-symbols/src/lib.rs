@@ -256,6 +256,27 @@ fn is_static(file: &ElfFile64<'_, Endianness>, data: &[u8]) -> bool {
     !has_interp && !has_needed && (e_type == elf::ET_EXEC || pie_flag)
 }
 
+/// `f` over `0..n` split into one run of indices per thread (up to `threads`; one run when
+/// `n` is small), results in order. A run whose thread panicked, or could not be made (a limit
+/// on processes), is done again on the calling thread.
+pub fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
+    if threads < 2 || n <= 1024 {
+        return f(0..n);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|sc| {
+        let f = &f;
+        let runs: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|a| {
+                let r = a..(a + per).min(n);
+                (r.clone(), std::thread::Builder::new().spawn_scoped(sc, move || f(r)).ok())
+            })
+            .collect();
+        runs.into_iter().flat_map(|(r, h)| h.and_then(|h| h.join().ok()).unwrap_or_else(|| f(r))).collect()
+    })
+}
+
 /// Reads the file at `path` and builds its inventory.
 pub fn load(path: &Path) -> Result<Inventory, SymbolError> {
     let data = std::fs::read(path).map_err(|source| SymbolError::Io {
@@ -268,6 +289,12 @@ pub fn load(path: &Path) -> Result<Inventory, SymbolError> {
 /// Builds the inventory of the ELF file whose contents are `data`; `path` names it in errors
 /// and is where `.gnu_debuglink` is resolved from.
 pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
+    load_bytes_on(path, data, 1)
+}
+
+/// [`load_bytes`] on up to `threads` threads: the same inventory, sooner for a module with
+/// tens of thousands of FDEs.
+pub fn load_bytes_on(path: &Path, data: &[u8], threads: usize) -> Result<Inventory, SymbolError> {
     check_header(path, data)?;
     let parse_err = |e: object::read::Error| SymbolError::Parse {
         path: path.to_path_buf(),
@@ -333,7 +360,7 @@ pub fn load_bytes(path: &Path, data: &[u8]) -> Result<Inventory, SymbolError> {
     queries.sort_unstable();
     queries.dedup();
     let mut scan = match eh_frame_input(&file, data) {
-        Some(input) => cfi::scan(&input, &queries),
+        Some(input) => cfi::scan(&input, &queries, threads),
         None => cfi::CfiScan {
             pieces: Vec::new(),
             inner: Default::default(),

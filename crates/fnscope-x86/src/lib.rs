@@ -17,6 +17,7 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
     InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
+pub use fnscope_symbols::parallel_runs;
 pub use generated::analyze_code;
 use padding::{is_near_branch, is_terminator, Module, RefKind};
 
@@ -319,27 +320,6 @@ pub fn analyze_with_kept_entries(inv: &Inventory, data: &[u8], ra: ReturnAddress
         })
         .collect();
     (verdicts_for(inv, data, ra, module, threads), kept)
-}
-
-/// `f` over `0..n` split into one run of indices per thread (up to `threads`; one run when
-/// `n` is small), results in order. A run whose thread panicked, or could not be made (a limit
-/// on processes), is done again on the calling thread.
-pub fn parallel_runs<T: Send>(n: usize, threads: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
-    if threads < 2 || n <= 1024 {
-        return f(0..n);
-    }
-    let per = n.div_ceil(threads);
-    std::thread::scope(|sc| {
-        let f = &f;
-        let runs: Vec<_> = (0..n)
-            .step_by(per)
-            .map(|a| {
-                let r = a..(a + per).min(n);
-                (r.clone(), std::thread::Builder::new().spawn_scoped(sc, move || f(r)).ok())
-            })
-            .collect();
-        runs.into_iter().flat_map(|(r, h)| h.and_then(|h| h.join().ok()).unwrap_or_else(|| f(r))).collect()
-    })
 }
 
 fn verdicts_for(inv: &Inventory, data: &[u8], ra: ReturnAddress, mut module: Module, threads: usize) -> Vec<Verdict> {
