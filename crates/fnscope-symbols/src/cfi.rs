@@ -78,7 +78,9 @@ pub(crate) fn scan(input: &EhFrameInput<'_>, queries: &[u64], threads: usize) ->
             Ok(None) | Err(_) => break,
         }
     }
-    let runs = crate::parallel_runs(partials.len(), threads, |r| vec![scan_fdes(&eh_frame, &bases, &partials[r], queries)]);
+    let runs = crate::parallel_runs(partials.len(), threads, |r| {
+        vec![scan_fdes(&eh_frame, &bases, &partials[r], queries)]
+    });
     let mut pieces = Vec::with_capacity(partials.len());
     let mut inner = HashMap::new();
     // In entry order: where FDEs overlap, a query's verdict is the last one's, as in one pass.

@@ -259,9 +259,8 @@ fn damaged_files_do_not_panic() {
     }
 }
 
-/// The figures the brief asks for, on system binaries if they are present.
-/// Real programs' inventories: thousands of entries, one function per address, and the same
-/// on 3 threads (FDEs read in parallel) as on one.
+/// The inventories of system binaries, where they are present: thousands of entries, one
+/// function per address, and the same on 3 threads (FDEs read in parallel) as on one.
 #[test]
 fn system_binaries() {
     for p in [
