@@ -430,6 +430,12 @@ impl ShortText {
         self.bytes[self.start] = b;
     }
 
+    fn push_front_bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes.iter().rev() {
+            self.push_front(b);
+        }
+    }
+
     fn push_front_decimal(&mut self, mut v: u64) {
         loop {
             self.push_front(b'0' + (v % 10) as u8);
@@ -454,9 +460,7 @@ impl ShortText {
         let mut t = ShortText::new();
         let (unit, scale): (&[u8], u64) = match ns {
             0..=999 => {
-                for &b in b" ns".iter().rev() {
-                    t.push_front(b);
-                }
+                t.push_front_bytes(b" ns");
                 t.push_front_decimal(ns);
                 return Some(t);
             }
@@ -477,11 +481,9 @@ impl ShortText {
         thousandths += u64::from(below > step / 2);
         let whole = whole + thousandths / 1_000;
         let thousandths = thousandths % 1_000;
-        for &b in unit.iter().rev() {
-            t.push_front(b);
-        }
-        for k in 0..3 {
-            t.push_front(b'0' + (thousandths / [1, 10, 100][k] % 10) as u8);
+        t.push_front_bytes(unit);
+        for divisor in [1, 10, 100] {
+            t.push_front(b'0' + (thousandths / divisor % 10) as u8);
         }
         t.push_front(b'.');
         t.push_front_decimal(whole);

@@ -68,10 +68,14 @@ pub(crate) fn replay_tree_within(
             field.extend_from_slice(b"] ");
         }
         line.extend_from_slice(&tid_field.1);
-        let ns = (!c.has_callees || leave).then(|| cx.clock.duration_ns(c.entry_tsc, c.exit_tsc));
-        match ns.map_or(Some(ShortText::new()), ShortText::duration) {
-            Some(d) => d.push_padded(&mut line, 10),
-            None => line.extend_from_slice(format!("{:>10}", format_duration(ns.unwrap_or_default())).as_bytes()),
+        if c.has_callees && !leave {
+            ShortText::new().push_padded(&mut line, 10);
+        } else {
+            let ns = cx.clock.duration_ns(c.entry_tsc, c.exit_tsc);
+            match ShortText::duration(ns) {
+                Some(d) => d.push_padded(&mut line, 10),
+                None => line.extend_from_slice(format!("{:>10}", format_duration(ns)).as_bytes()),
+            }
         }
         line.extend_from_slice(b" | ");
         // Sixteen spaces at a time (a copy of fixed size), the excess cut off.

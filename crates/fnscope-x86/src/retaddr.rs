@@ -67,7 +67,7 @@ impl Walk {
     /// whole code range: one that runs past the function's end stops the walk, as it would
     /// not decode from the function's bytes alone.
     pub(crate) fn step(&mut self, instr: &Instruction) -> Step {
-        if instr.ip() >= self.end {
+        if self.ends_before(instr.ip()) {
             return Step::Done(None);
         }
         self.n += 1;
