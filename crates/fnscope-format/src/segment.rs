@@ -43,7 +43,7 @@ impl SegmentEncoder {
             columns: Vec::new(),
             scratch: Default::default(),
             data_varints: Default::default(),
-            zstd: zstd::bulk::Compressor::new(events::ZSTD_LEVEL).map_err(io_err("set up compression for", path))?,
+            zstd: events::compressor().map_err(io_err("set up compression for", path))?,
             data_zstd: None,
         })
     }
