@@ -259,6 +259,48 @@ fn damaged_files_do_not_panic() {
     }
 }
 
+/// A damaged `.eh_frame` read on 3 threads gives what one thread gives, without panicking:
+/// scribbled over in turn at points spread over the section, and cut short inside it. The
+/// file is this test's own program, whose thousands of FDEs take the split path (more than
+/// 1,024; the test checks it has that many functions).
+#[test]
+fn damaged_eh_frame_same_on_threads() {
+    use object::{Object, ObjectSection};
+    let path = std::env::current_exe().unwrap();
+    let data = std::fs::read(&path).unwrap();
+    let (start, size) = {
+        let file = object::File::parse(&*data).unwrap();
+        let range = file.section_by_name(".eh_frame").and_then(|s| s.file_range());
+        range.map(|(a, n)| (a as usize, n as usize)).expect("a file range for .eh_frame")
+    };
+    let whole = load_bytes_on(&path, &data, 1).unwrap();
+    assert!(whole.functions.len() > 2048, "{} functions", whole.functions.len());
+    // Whether the damage changed the inventory, so that the comparison is not of two
+    // undamaged reads.
+    let same = |bytes: &[u8], what: &str| match (load_bytes_on(&path, bytes, 1), load_bytes_on(&path, bytes, 3)) {
+        (Ok(a), Ok(b)) => {
+            assert!(a.functions == b.functions && a.claims == b.claims, "{what}");
+            a.functions != whole.functions || a.claims != whole.claims
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a.to_string(), b.to_string(), "{what}");
+            true
+        }
+        (a, b) => panic!("{what}: one thread {:?}, three {:?}", a.err(), b.err()),
+    };
+    let mut changed = 0;
+    for k in 0..12 {
+        let at = start + size * k / 12;
+        let mut bad = data.clone();
+        for b in &mut bad[at..(at + 16).min(start + size)] {
+            *b ^= 0x5a;
+        }
+        changed += same(&bad, &format!("16 bytes scribbled at {at:#x}")) as usize;
+    }
+    changed += same(&data[..start + size / 2], "cut in the middle of .eh_frame") as usize;
+    assert!(changed >= 10, "only {changed} of 13 damaged files read differently");
+}
+
 /// The inventories of system binaries, where they are present: thousands of entries, one
 /// function per address, and the same on 3 threads (FDEs read in parallel) as on one.
 #[test]
