@@ -222,16 +222,22 @@ impl Threads {
         })
     }
 
-    /// Spills the thread holding most when the budget is used up.
-    fn keep_budget(&mut self) -> Result<(), AnalysisError> {
-        if self.held < self.budget {
+    /// Spills thread `i` when its buffer is full, or the thread holding most when the budget
+    /// is used up.
+    fn keep_budget(&mut self, i: usize) -> Result<(), AnalysisError> {
+        let t = if self.order[i].1.buffer_full() {
+            &mut self.order[i].1
+        } else if self.held < self.budget {
             return Ok(());
-        }
-        if let Some((_, t)) = self.order.iter_mut().max_by_key(|(_, t)| t.in_memory()) {
-            let before = t.in_memory();
-            t.spill()?;
-            self.held -= before - t.in_memory();
-        }
+        } else {
+            match self.order.iter_mut().max_by_key(|(_, t)| t.in_memory()) {
+                Some((_, t)) => t,
+                None => return Ok(()),
+            }
+        };
+        let before = t.in_memory();
+        t.spill()?;
+        self.held -= before - t.in_memory();
         Ok(())
     }
 }
@@ -403,7 +409,7 @@ pub(crate) fn walk_calls_within(
                     .and_then(|m| visit_thread(&mut cx, Nested::new(key, m), &mut visit))
                     .and_then(|_| t.reset_file())
             } else {
-                threads.keep_budget()
+                threads.keep_budget(i)
             };
             if let Err(e) = step {
                 failed = Some(e);

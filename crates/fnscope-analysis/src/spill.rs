@@ -4,9 +4,9 @@
 //! A record's place in its thread's call tree is known when it arrives: its subtree is the run
 //! of records `first..=own` (post-order positions within the thread) that ends with it, and
 //! `first` follows from a stack with one entry per depth. Sorting by `(first, own descending)`
-//! is the pre-order (entry order). The sort is external: buffers of at most [`MEMORY_CALLS`]
-//! calls are put in entry order and spilled to an unlinked temporary file per thread (in the
-//! system temp dir, `TMPDIR`).
+//! is the pre-order (entry order). The sort is external: buffers of at most [`BUFFER_CALLS`]
+//! calls, [`MEMORY_CALLS`] over all threads, are put in entry order and spilled to an unlinked
+//! temporary file per thread (in the system temp dir, `TMPDIR`).
 //!
 //! A buffer's calls whose subtree starts inside it sort after every call of earlier buffers
 //! (their `first` is past the earlier buffers' `own`s), so those parts of the runs are read
@@ -25,10 +25,13 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 /// Calls kept in memory over all threads before the largest buffer is spilled (56 bytes each,
-/// and as much again while a buffer is put in entry order: 7 MiB). Small enough for a spill's
-/// passes over the buffer to stay in the processor's last-level cache: with 256 Ki calls,
+/// and as much again for the buffer being put in entry order).
+pub(crate) const MEMORY_CALLS: usize = 256 * 1024;
+/// Calls of one thread's buffer that make it spill, whatever the other threads hold: 3.5 MiB,
+/// and as much again while it is put in entry order, so that a spill's passes over the buffer
+/// stay in the last-level cache of the hosts measured. With buffers of up to 256 Ki calls,
 /// `replay` of a 126 M-call tree took 24.9 s and 41 MB, with 64 Ki 21.5 s and 20 MB.
-pub(crate) const MEMORY_CALLS: usize = 64 * 1024;
+pub(crate) const BUFFER_CALLS: usize = 64 * 1024;
 /// Runs of one level merged into one run of the next level.
 const FAN: usize = 16;
 /// Calls kept apart (see the module comment) held in memory before they are spilled.
@@ -611,6 +614,16 @@ fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
         return 0;
     }
     let base = calls.first().map_or(0, |c| c.own);
+    // Out of arrival order (which the bucket pass below also finds) or too many for the
+    // buckets' u32 ends: sorted.
+    let sort = |calls: &mut Vec<Call>| {
+        let base = calls.iter().map(|c| c.own).min().unwrap_or(0);
+        calls.sort_unstable_by_key(Call::key);
+        calls.partition_point(|c| c.first < base)
+    };
+    if n > u32::MAX as usize / 2 {
+        return sort(calls);
+    }
     thread_local! {
         /// Bucket ends and the scattered copy, kept from one buffer to the next: fresh ones
         /// were tens of megabytes of page faults at every spill, a third of a walk's time.
@@ -623,7 +636,7 @@ fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
         // traffic the size of the buffer.
         end.clear();
         end.resize(n + 1, 0);
-        let mut in_order = n <= u32::MAX as usize / 2;
+        let mut in_order = true;
         let mut earlier: Vec<u32> = Vec::new();
         for (i, c) in calls.iter().enumerate() {
             in_order &= c.own == base + i as u64;
@@ -634,9 +647,7 @@ fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
             }
         }
         if !in_order {
-            let base = calls.iter().map(|c| c.own).min().unwrap_or(0);
-            calls.sort_unstable_by_key(Call::key);
-            return calls.partition_point(|c| c.first < base);
+            return sort(calls);
         }
         earlier.sort_unstable_by_key(|&i| calls[i as usize].key());
         end[0] = earlier.len() as u32;
@@ -717,6 +728,11 @@ impl ThreadCalls {
             }
         });
         self.memory.shrink_to(BLOCK_CALLS);
+    }
+
+    /// Whether the buffer holds [`BUFFER_CALLS`] and should be spilled.
+    pub fn buffer_full(&self) -> bool {
+        self.memory.len() >= BUFFER_CALLS
     }
 
     /// Calls held in memory.
@@ -868,6 +884,27 @@ mod tests {
                 assert_eq!(fast, want, "seed {seed}, calls {at}..{}", at + len);
                 at += len;
             }
+        }
+    }
+
+    /// Buffers not in arrival order, or with a subtree starting past the buffer, go the
+    /// sorting way and still come back in key order with the calls kept apart counted.
+    #[test]
+    fn calls_out_of_arrival_order_are_sorted() {
+        let depths = post_order(17, 500);
+        let mut placer = Placer::default();
+        let calls: Vec<Call> =
+            depths.iter().enumerate().map(|(i, &d)| placer.place(&Record::new(i as u64, i as u64 + 1, 0, d, 0), 0, 0, 0)).collect();
+        let mut shuffled = calls[100..400].to_vec();
+        shuffled.swap(3, 250);
+        let mut past = calls[100..400].to_vec();
+        past[7].first = 1000;
+        for mut buf in [shuffled, past] {
+            let mut want = buf.clone();
+            want.sort_unstable_by_key(Call::key);
+            let earlier = sort_entry_order(&mut buf);
+            assert_eq!(buf, want);
+            assert_eq!(earlier, want.iter().filter(|c| c.first < 100).count());
         }
     }
 }

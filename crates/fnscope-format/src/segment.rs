@@ -53,7 +53,8 @@ impl SegmentEncoder {
         &self.path
     }
 
-    /// Appends a frame of `src` to `p`, at the level of EVENTS chunks.
+    /// Appends a frame of `src` to `p`, with the settings of EVENTS chunks (level and shortest
+    /// match).
     pub(crate) fn compress(&mut self, src: &[u8], p: &mut Vec<u8>) -> io::Result<()> {
         append_frame(&mut self.zstd, src, p)
     }
