@@ -24,8 +24,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// Calls kept in memory over all threads before the largest buffer is spilled (56 bytes each,
-/// and as much again for the buffer being put in entry order).
+/// Calls kept in memory over all threads before the thread holding most is spilled (56 bytes
+/// each, and as much again for the buffer being put in entry order).
 pub(crate) const MEMORY_CALLS: usize = 256 * 1024;
 /// Calls of one thread's buffer that make it spill, whatever the other threads hold: 3.5 MiB,
 /// and as much again while it is put in entry order, so that a spill's passes over the buffer
@@ -904,6 +904,7 @@ mod tests {
             want.sort_unstable_by_key(Call::key);
             let earlier = sort_entry_order(&mut buf);
             assert_eq!(buf, want);
+            assert!(earlier > 0, "the callers of the buffer's first call are kept apart");
             assert_eq!(earlier, want.iter().filter(|c| c.first < 100).count());
         }
     }

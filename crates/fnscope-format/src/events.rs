@@ -15,10 +15,11 @@ pub(crate) const ZSTD_LEVEL: i32 = 1;
 
 /// Shortest match zstd looks for in EVENTS frames, instead of level 1's 6 bytes for inputs
 /// of 16 to 256 KiB (a full chunk's columns) and 5 below: in the column bytes of real traces,
-/// shorter matches cost more to find and encode than they save. With 7, compression took 6-12% less time and traces were as
-/// small or smaller (per record: fib 9.85 against 10.93 ns, 0.658 against 0.670 bytes;
-/// python3.11 9.86 against 11.24 ns, 0.840 against 0.843; a `make -j2` of gcc 11.56 against
-/// 12.25 ns, 1.067 against 1.068; 400 segments of each trace, best of 25).
+/// shorter matches cost more to find and encode than they save. With 7, compression took
+/// 6-12% less time and traces were as small or smaller (per record: fib 9.85 against
+/// 10.93 ns, 0.658 against 0.670 bytes; python3.11 9.86 against 11.24 ns, 0.840 against
+/// 0.843; a `make -j2` of gcc 11.56 against 12.25 ns, 1.067 against 1.068; 400 segments of
+/// each trace, best of 25).
 pub(crate) const ZSTD_MIN_MATCH: u32 = 7;
 
 /// A compressor for EVENTS frames: [`ZSTD_LEVEL`] with [`ZSTD_MIN_MATCH`].
