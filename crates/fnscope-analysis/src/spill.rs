@@ -613,7 +613,7 @@ fn sort_entry_order(calls: &mut Vec<Call>) -> usize {
         // Nothing to scatter: the scratch copy stays where it is, for the next buffer.
         return 0;
     }
-    let base = calls.first().map_or(0, |c| c.own);
+    let base = calls[0].own;
     // Out of arrival order (which the bucket pass below also finds) or too many for the
     // buckets' u32 ends: sorted.
     let sort = |calls: &mut Vec<Call>| {
