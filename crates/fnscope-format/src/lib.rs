@@ -31,8 +31,9 @@ use std::path::{Path, PathBuf};
 /// 2 reader would skip, losing their calls (only files holding one said 3). Version 4 stores
 /// a leaf's times as the gap since the previous exit and its duration (see docs/FORMAT.md),
 /// which an older reader would misread: every file says 4. Version 5 compresses IMAGE
-/// chunks' tables.
-pub const FORMAT_VERSION: u32 = 5;
+/// chunks' tables. Version 6 compresses EVENTS chunks' time columns in a zstd frame of their
+/// own, which a version 5 reader might not make room for.
+pub const FORMAT_VERSION: u32 = 6;
 /// First version whose IMAGE chunks hold their table as two zstd frames (see
 /// [`TraceWriter::write_image`]).
 const PACKED_IMAGES_SINCE: u32 = 5;
@@ -41,6 +42,8 @@ const PACKED_IMAGES_SINCE: u32 = 5;
 const IMAGE_ZSTD_LEVEL: i32 = 1;
 /// Compressed image table bodies a writer keeps for reuse, most recent first.
 const PACKED_BODIES_KEPT: usize = 4;
+/// First version whose EVENTS chunks hold two zstd frames, the time columns in the second.
+const TIME_FRAME_SINCE: u32 = 6;
 /// First version whose EVENTS chunks store leaves' times as gap and duration.
 const LEAF_GAPS_SINCE: u32 = 4;
 /// First version whose chunk checksums cover kind and length too.
@@ -818,6 +821,18 @@ impl Drop for TraceWriter {
     }
 }
 
+/// What the zstd frames that make up `data` decode to, all together, if every frame header
+/// states it.
+fn frames_content_size(mut data: &[u8]) -> Option<u64> {
+    let mut total = 0u64;
+    while !data.is_empty() {
+        let n = zstd::zstd_safe::find_frame_compressed_size(data).ok()?;
+        total = total.checked_add(zstd::zstd_safe::get_frame_content_size(data).ok()??)?;
+        data = data.get(n..)?;
+    }
+    Some(total)
+}
+
 /// How EVENTS chunks of format `version` store times.
 fn timing_of(version: u32) -> events::Timing {
     if version >= LEAF_GAPS_SINCE {
@@ -1146,7 +1161,7 @@ impl TraceReader {
         Ok(None)
     }
 
-    /// The table text of a version 5 IMAGE chunk: its head frame and its body frame, one after
+    /// The table text of an IMAGE chunk of version 5 on: its head frame and its body frame, one after
     /// the other.
     fn unpack_image(&mut self, at: u64) -> Result<Vec<u8>, FormatError> {
         let p = &self.payload;
@@ -1226,10 +1241,10 @@ impl TraceReader {
         let frame = &p[EVENTS_HEADER_SIZE..];
         let bound = events::decoded_bound(nrec);
         self.columns.clear();
-        // The decoded size is read from the frame so that the buffer grows only as far as the
+        // The decoded size is read from the frames so that the buffer grows only as far as the
         // data needs; `bound` caps it for damaged or hostile headers.
-        let want = match zstd::zstd_safe::get_frame_content_size(frame) {
-            Ok(Some(n)) if n <= bound as u64 => n as usize,
+        let want = match frames_content_size(frame) {
+            Some(n) if n <= bound as u64 => n as usize,
             _ => bound,
         };
         self.columns.reserve(want);

@@ -28,8 +28,12 @@ pub(crate) struct SegmentEncoder {
     scratch: events::ColumnScratch,
     /// The uncompressed varints of a CALLDATA chunk.
     data_varints: events::VarintBuf,
-    /// Compressor of EVENTS chunks, and of the writer's COUNTS and SUMMARY chunks.
+    /// Compressor of EVENTS chunks (their structure columns from version 6 on), and of the
+    /// writer's COUNTS and SUMMARY chunks.
     zstd: zstd::bulk::Compressor<'static>,
+    /// Compressor of EVENTS chunks' time columns, for files of version 6 on, which store them
+    /// in a frame of their own.
+    time_zstd: Option<zstd::bulk::Compressor<'static>>,
     /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
 }
@@ -44,6 +48,10 @@ impl SegmentEncoder {
             scratch: Default::default(),
             data_varints: Default::default(),
             zstd: events::compressor().map_err(io_err("set up compression for", path))?,
+            time_zstd: match version >= crate::TIME_FRAME_SINCE {
+                true => Some(events::time_compressor().map_err(io_err("set up compression for", path))?),
+                false => None,
+            },
             data_zstd: None,
         })
     }
@@ -70,10 +78,15 @@ impl SegmentEncoder {
         }
         let nrec = u32::try_from(records.len()).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
         self.columns.clear();
-        events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
+        let times = events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
         out.events.clear();
         out.events.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
-        append_frame(&mut self.zstd, &self.columns, &mut out.events).map_err(io_err("compress records for", &self.path))
+        let compressed = match &mut self.time_zstd {
+            Some(time_zstd) => append_frame(&mut self.zstd, &self.columns[..times], &mut out.events)
+                .and_then(|()| append_frame(time_zstd, &self.columns[times..], &mut out.events)),
+            None => append_frame(&mut self.zstd, &self.columns, &mut out.events),
+        };
+        compressed.map_err(io_err("compress records for", &self.path))
     }
 
     /// Appends a CALLDATA chunk's payload to `p`: `u32 pid, u32 tid, u64 seq, u32 units`, then

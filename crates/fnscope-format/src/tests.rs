@@ -279,6 +279,46 @@ fn each_version_reads_its_own_timing() {
     }
 }
 
+/// From version 6 an EVENTS chunk holds two zstd frames: the column lengths, shape and ids,
+/// then the time columns. Version 5 holds the same bytes in one frame. Both read back the
+/// calls written.
+#[test]
+fn time_columns_have_a_frame_of_their_own_from_version_6() {
+    let frames = |path: &Path| -> Vec<Vec<Vec<u8>>> {
+        let file = std::fs::read(path).unwrap();
+        let events = chunk_offsets(&file).into_iter().filter(|&at| le32(&file, at) == KIND_EVENTS);
+        events
+            .map(|at| {
+                let body = at + CHUNK_HEADER_SIZE as usize;
+                let mut rest = &file[body + EVENTS_HEADER_SIZE..body + le32(&file, at + 4) as usize];
+                let mut frames = Vec::new();
+                while !rest.is_empty() {
+                    let n = zstd::zstd_safe::find_frame_compressed_size(rest).unwrap();
+                    frames.push(zstd::bulk::decompress(&rest[..n], 1 << 20).unwrap());
+                    rest = &rest[n..];
+                }
+                frames
+            })
+            .collect()
+    };
+    let (v6, segs) = write_sample_as(&tmpdir("frames-v6"), 6);
+    let (v5, _) = write_sample_as(&tmpdir("frames-v5"), 5);
+    let (six, five) = (frames(&v6), frames(&v5));
+    assert_eq!(six.len(), segs.len());
+    for ((six, five), seg) in six.iter().zip(&five).zip(&segs) {
+        assert_eq!((six.len(), five.len()), (2, 1));
+        assert_eq!([&six[0][..], &six[1][..]].concat(), five[0]);
+        let mut at = 0;
+        let lens: Vec<usize> = (0..3).map(|_| events::get_varint(&six[0], &mut at).unwrap() as usize).collect();
+        assert_eq!(six[0].len(), at + lens[0] + lens[1], "the first frame ends where the exits start");
+        assert!(six[1].len() > lens[2] && seg.records.len() > 1);
+    }
+    for path in [&v5, &v6] {
+        let got: Vec<ThreadSegment> = read_all(path).unwrap().0.into_iter().filter_map(|c| match c { Chunk::Events(s) => Some(s), _ => None }).collect();
+        assert_eq!(got, segs, "{}", path.display());
+    }
+}
+
 /// Versions this crate cannot write, and RAW chunks in a version without them, are refused.
 #[test]
 fn writers_of_older_versions_write_only_what_those_read() {
