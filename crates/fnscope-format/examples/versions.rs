@@ -1,6 +1,6 @@
 //! What format version 3 and the current one (6: leaves' times as gap and duration since 4,
-//! image tables compressed since 5, time columns in a frame of their own since 6) make of a trace's image tables and calls: bytes per call of
-//! a file of both (META and END, a few hundred bytes, left out), and the writer's time per call (encoding and compression, the recorder's
+//! image tables compressed since 5, time columns in a frame of their own since 6) make of a
+//! trace's image tables and calls: bytes per call of a file of both (META and END, a few hundred bytes, left out), and the writer's time per call (encoding and compression, the recorder's
 //! work while a program runs). The same tables and calls for both, held in memory and written
 //! in alternating rounds, so the differences are the encodings' alone: a new recording of the
 //! same program differs by the noise in its times.

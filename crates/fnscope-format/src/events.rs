@@ -1,6 +1,8 @@
 //! Compact encoding of a thread segment's records (the body of an EVENTS chunk).
 //!
-//! The records are turned into four varint columns, concatenated and compressed with zstd.
+//! The records are turned into four varint columns, concatenated and compressed with zstd: in
+//! one frame before format version 6, from 6 on the structure columns in one and the time
+//! columns in another ([`time_compressor`]).
 //! Columns compress far better than interleaved fields because each one is a stream of
 //! similar small numbers. See docs/FORMAT.md for the byte-level description.
 
@@ -13,16 +15,17 @@ use fnscope_abi::Record;
 /// +14% bytes, 4-17 ns less CPU). Negative levels saved 1-2 ns more for 15-25% more bytes.
 pub(crate) const ZSTD_LEVEL: i32 = 1;
 
-/// Shortest match zstd looks for in EVENTS frames, instead of level 1's 6 bytes for inputs
-/// of 16 to 256 KiB (a full chunk's columns) and 5 below: in the column bytes of real traces,
-/// shorter matches cost more to find and encode than they save. With 7, compression took
+/// Shortest match zstd looks for in EVENTS frames (from version 6, the structure columns'),
+/// instead of level 1's 6 bytes for inputs of 16 to 256 KiB (a full chunk's columns) and 5
+/// below: in the column bytes of real traces, shorter matches cost more to find and encode than they save. With 7, compression took
 /// 6-12% less time and traces were as small or smaller (per record: fib 9.85 against
 /// 10.93 ns, 0.658 against 0.670 bytes; python3.11 9.86 against 11.24 ns, 0.840 against
 /// 0.843; a `make -j2` of gcc 11.56 against 12.25 ns, 1.067 against 1.068; 400 segments of
 /// each trace, best of 25).
 pub(crate) const ZSTD_MIN_MATCH: u32 = 7;
 
-/// A compressor for EVENTS frames: [`ZSTD_LEVEL`] with [`ZSTD_MIN_MATCH`].
+/// A compressor for EVENTS frames (from version 6, the structure columns'): [`ZSTD_LEVEL`] with
+/// [`ZSTD_MIN_MATCH`].
 pub(crate) fn compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
     let mut c = zstd::bulk::Compressor::new(ZSTD_LEVEL)?;
     c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(ZSTD_MIN_MATCH))?;
@@ -30,15 +33,19 @@ pub(crate) fn compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
 }
 
 /// A compressor for the time columns' frame of EVENTS chunks (format version 6 on): entropy
-/// coding alone. Time stamps are noisy small numbers that repeat too little for matches to pay:
-/// looking for them took two thirds of zstd's time on the time columns and saved 1-2% of their
-/// size. A step of [`zstd::zstd_safe::TARGETLENGTH_MAX`] bytes between match attempts (the
-/// fast strategy's acceleration) makes zstd skip the search, and literal compression, which
-/// zstd turns off with acceleration, is turned back on so the literals are Huffman-coded.
-/// Against the version 5 frame of all columns at [`ZSTD_LEVEL`] and [`ZSTD_MIN_MATCH`], the two
-/// frames took 3.4 instead of 9.9 ns per record of fib, 5.6 instead of 10.4 for python3.11 and
-/// 6.0 instead of 13.3 for a `make -j2` of gcc, for 0.654 instead of 0.642, 0.886 instead of
-/// 0.836 and 1.027 instead of 1.052 bytes (400 real segments of each trace, best of 15).
+/// coding alone. Time stamps are noisy small numbers that repeat too little for matches to
+/// pay: looking for them took two thirds of zstd's time on the time columns and saved 2% of
+/// their size on fib, 3% on a `make -j2` of gcc and 10% on python3.11. A step of
+/// [`zstd::zstd_safe::TARGETLENGTH_MAX`] bytes between match attempts (the fast strategy's
+/// acceleration) makes zstd skip the search, and literal compression, which zstd turns off
+/// with acceleration, is turned back on so the literals are Huffman-coded.
+///
+/// Against the version 5 frame of all columns at [`ZSTD_LEVEL`] and [`ZSTD_MIN_MATCH`], the
+/// two frames took 3.4 instead of 9.9 ns per record of fib, 5.6 instead of 10.4 for python3.11
+/// and 6.0 instead of 13.3 for a `make -j2` of gcc, for 0.654 instead of 0.642, 0.886 instead
+/// of 0.836 and 1.027 instead of 1.052 bytes (400 real segments of each trace, best of 15).
+/// Whole traces rewritten by `examples/versions.rs`: 0.658 against 0.646, 0.762 against 0.689
+/// and 1.50 against 1.54 bytes per call, in 65-77% of the writer's time.
 pub(crate) fn time_compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
     use zstd::zstd_safe::{CParameter, ParamSwitch};
     let mut c = compressor()?;

@@ -821,18 +821,6 @@ impl Drop for TraceWriter {
     }
 }
 
-/// What the zstd frames that make up `data` decode to, all together, if every frame header
-/// states it.
-fn frames_content_size(mut data: &[u8]) -> Option<u64> {
-    let mut total = 0u64;
-    while !data.is_empty() {
-        let n = zstd::zstd_safe::find_frame_compressed_size(data).ok()?;
-        total = total.checked_add(zstd::zstd_safe::get_frame_content_size(data).ok()??)?;
-        data = data.get(n..)?;
-    }
-    Some(total)
-}
-
 /// How EVENTS chunks of format `version` store times.
 fn timing_of(version: u32) -> events::Timing {
     if version >= LEAF_GAPS_SINCE {
@@ -1161,8 +1149,8 @@ impl TraceReader {
         Ok(None)
     }
 
-    /// The table text of an IMAGE chunk of version 5 on: its head frame and its body frame, one after
-    /// the other.
+    /// The table text of an IMAGE chunk of version 5 on: its head frame and its body frame,
+    /// one after the other.
     fn unpack_image(&mut self, at: u64) -> Result<Vec<u8>, FormatError> {
         let p = &self.payload;
         let head_len = p.get(4..8).map(|b| le32(b, 0) as usize);
@@ -1238,17 +1226,17 @@ impl TraceReader {
         }
         let mut seg = segment_head(p);
         let nrec = le32(p, 20);
-        let frame = &p[EVENTS_HEADER_SIZE..];
+        let frames = &p[EVENTS_HEADER_SIZE..];
         let bound = events::decoded_bound(nrec);
         self.columns.clear();
-        // The decoded size is read from the frames so that the buffer grows only as far as the
-        // data needs; `bound` caps it for damaged or hostile headers.
-        let want = match frames_content_size(frame) {
-            Some(n) if n <= bound as u64 => n as usize,
+        // The decoded size is read from the frames (version 6 has two) so that the buffer grows
+        // only as far as the data needs; `bound` caps it for damaged or hostile headers.
+        let want = match zstd::zstd_safe::find_decompressed_size(frames) {
+            Ok(Some(n)) if n <= bound as u64 => n as usize,
             _ => bound,
         };
         self.columns.reserve(want);
-        let r = self.unzstd.decompress_to_buffer(frame, &mut self.columns);
+        let r = self.unzstd.decompress_to_buffer(frames, &mut self.columns);
         if r.is_err() {
             return Err(self.corrupt(at, "record data does not decompress"));
         }

@@ -48,9 +48,10 @@ impl SegmentEncoder {
             scratch: Default::default(),
             data_varints: Default::default(),
             zstd: events::compressor().map_err(io_err("set up compression for", path))?,
-            time_zstd: match version >= crate::TIME_FRAME_SINCE {
-                true => Some(events::time_compressor().map_err(io_err("set up compression for", path))?),
-                false => None,
+            time_zstd: if version >= crate::TIME_FRAME_SINCE {
+                Some(events::time_compressor().map_err(io_err("set up compression for", path))?)
+            } else {
+                None
             },
             data_zstd: None,
         })

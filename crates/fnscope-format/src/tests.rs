@@ -265,7 +265,7 @@ fn checksum_covers_kind_and_length() {
 fn each_version_reads_its_own_timing() {
     let dir = tmpdir("timing");
     let (path, segs) = write_sample(&dir);
-    let events = |chunks: Vec<Chunk>| chunks.into_iter().filter_map(|c| match c { Chunk::Events(s) => Some(s), _ => None }).collect::<Vec<_>>();
+    let events = events_of;
     assert_eq!(events(read_all(&path).unwrap().0), segs);
     let new = std::fs::read(&path).unwrap();
     for version in [2, 3] {
@@ -279,43 +279,91 @@ fn each_version_reads_its_own_timing() {
     }
 }
 
+/// The EVENTS chunks of a trace file.
+fn events_of(chunks: Vec<Chunk>) -> Vec<ThreadSegment> {
+    chunks.into_iter().filter_map(|c| match c { Chunk::Events(s) => Some(s), _ => None }).collect()
+}
+
+/// Offset and zstd frames (the bytes after the segment header) of each EVENTS chunk of `file`.
+fn events_frames(file: &[u8]) -> Vec<(usize, Vec<&[u8]>)> {
+    let events = chunk_offsets(file).into_iter().filter(|&at| le32(file, at) == KIND_EVENTS);
+    events
+        .map(|at| {
+            let body = at + CHUNK_HEADER_SIZE as usize;
+            let mut rest = &file[body + EVENTS_HEADER_SIZE..body + le32(file, at + 4) as usize];
+            let mut frames = Vec::new();
+            while !rest.is_empty() {
+                let n = zstd::zstd_safe::find_frame_compressed_size(rest).unwrap();
+                frames.push(&rest[..n]);
+                rest = &rest[n..];
+            }
+            (at, frames)
+        })
+        .collect()
+}
+
 /// From version 6 an EVENTS chunk holds two zstd frames: the column lengths, shape and ids,
 /// then the time columns. Version 5 holds the same bytes in one frame. Both read back the
 /// calls written.
 #[test]
 fn time_columns_have_a_frame_of_their_own_from_version_6() {
-    let frames = |path: &Path| -> Vec<Vec<Vec<u8>>> {
-        let file = std::fs::read(path).unwrap();
-        let events = chunk_offsets(&file).into_iter().filter(|&at| le32(&file, at) == KIND_EVENTS);
-        events
-            .map(|at| {
-                let body = at + CHUNK_HEADER_SIZE as usize;
-                let mut rest = &file[body + EVENTS_HEADER_SIZE..body + le32(&file, at + 4) as usize];
-                let mut frames = Vec::new();
-                while !rest.is_empty() {
-                    let n = zstd::zstd_safe::find_frame_compressed_size(rest).unwrap();
-                    frames.push(zstd::bulk::decompress(&rest[..n], 1 << 20).unwrap());
-                    rest = &rest[n..];
-                }
-                frames
-            })
-            .collect()
-    };
+    let unzstd = |frame: &[u8]| zstd::bulk::decompress(frame, 1 << 20).unwrap();
     let (v6, segs) = write_sample_as(&tmpdir("frames-v6"), 6);
     let (v5, _) = write_sample_as(&tmpdir("frames-v5"), 5);
-    let (six, five) = (frames(&v6), frames(&v5));
-    assert_eq!(six.len(), segs.len());
-    for ((six, five), seg) in six.iter().zip(&five).zip(&segs) {
+    let (six, five) = (std::fs::read(&v6).unwrap(), std::fs::read(&v5).unwrap());
+    let (six, five) = (events_frames(&six), events_frames(&five));
+    assert_eq!((six.len(), five.len()), (segs.len(), segs.len()));
+    for ((_, six), (_, five)) in six.iter().zip(&five) {
         assert_eq!((six.len(), five.len()), (2, 1));
-        assert_eq!([&six[0][..], &six[1][..]].concat(), five[0]);
+        let (head, times, all) = (unzstd(six[0]), unzstd(six[1]), unzstd(five[0]));
+        assert_eq!([&head[..], &times[..]].concat(), all);
         let mut at = 0;
-        let lens: Vec<usize> = (0..3).map(|_| events::get_varint(&six[0], &mut at).unwrap() as usize).collect();
-        assert_eq!(six[0].len(), at + lens[0] + lens[1], "the first frame ends where the exits start");
-        assert!(six[1].len() > lens[2] && seg.records.len() > 1);
+        let lens: Vec<usize> = (0..3).map(|_| events::get_varint(&head, &mut at).unwrap() as usize).collect();
+        assert_eq!(head.len(), at + lens[0] + lens[1], "the first frame ends where the exits start");
     }
     for path in [&v5, &v6] {
-        let got: Vec<ThreadSegment> = read_all(path).unwrap().0.into_iter().filter_map(|c| match c { Chunk::Events(s) => Some(s), _ => None }).collect();
-        assert_eq!(got, segs, "{}", path.display());
+        assert_eq!(events_of(read_all(path).unwrap().0), segs, "{}", path.display());
+    }
+}
+
+/// A version 6 EVENTS chunk whose frames are damaged (with a checksum that matches) is
+/// reported as such; frames that are valid but written otherwise (no content size, a
+/// skippable frame between) read as any valid frames do.
+#[test]
+fn damaged_time_frames_are_reported() {
+    let dir = tmpdir("frames-damaged");
+    let (path, segs) = write_sample_as(&dir, 6);
+    let file = std::fs::read(&path).unwrap();
+    let (at, frames) = events_frames(&file)[0].clone();
+    let (head, times) = (frames[0], frames[1]);
+    let payload_at = at + CHUNK_HEADER_SIZE as usize;
+    let end = payload_at + le32(&file, at + 4) as usize;
+    let try_frames = |frames: &[&[u8]]| {
+        let mut payload = file[payload_at..payload_at + EVENTS_HEADER_SIZE].to_vec();
+        frames.iter().for_each(|f| payload.extend_from_slice(f));
+        let mut damaged = file[..at].to_vec();
+        damaged.extend_from_slice(&chunk_head(KIND_EVENTS, payload.len() as u32, &[&payload]));
+        damaged.extend_from_slice(&payload);
+        damaged.extend_from_slice(&file[end..]);
+        std::fs::write(&path, damaged).unwrap();
+        read_all(&path).map(|(chunks, _)| events_of(chunks))
+    };
+    let no_size = {
+        let mut c = zstd::bulk::Compressor::new(1).unwrap();
+        c.include_contentsize(false).unwrap();
+        c.compress(&zstd::bulk::decompress(times, 1 << 20).unwrap()).unwrap()
+    };
+    let skippable = [0x50, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3];
+    assert_eq!(try_frames(&[head, &no_size]).unwrap(), segs);
+    assert_eq!(try_frames(&[head, &skippable, times]).unwrap(), segs);
+    for (frames, what) in [
+        (vec![head, &times[..times.len() - 1]], "a cut time frame"),
+        (vec![head], "no time frame"),
+        (vec![head, times, b"garbage"], "bytes after the frames"),
+        (vec![head, times, times], "a time frame twice"),
+    ] {
+        let e = try_frames(&frames).unwrap_err().to_string();
+        assert!(e.contains(&format!("damaged at byte offset {at}:")), "{what}: {e}");
     }
 }
 
@@ -334,16 +382,19 @@ fn writers_of_older_versions_write_only_what_those_read() {
     assert!(e.contains("RAW chunks need format version 3"), "{e}");
 }
 
-/// A version 3 file's RAW chunks compact into version 3 EVENTS chunks.
+/// A version 3 or 5 file's RAW chunks compact into EVENTS chunks of that version (version 5:
+/// one zstd frame each, where version 6 has two).
 #[test]
 fn compacting_keeps_the_version() {
-    let dir = tmpdir("compactv3");
-    let (plain, mixed) = (dir.join("plain.fns"), dir.join("mixed.fns"));
-    write_chunks_as(&plain, 3, |_| false);
-    write_chunks_as(&mixed, 3, |seq| seq != 2);
-    compact(&mixed, |_, _| {}).unwrap();
-    assert_eq!(version_of(&mixed), 3);
-    assert_eq!(std::fs::read(&mixed).unwrap(), std::fs::read(&plain).unwrap());
+    for version in [3, 5] {
+        let dir = tmpdir(&format!("compactv{version}"));
+        let (plain, mixed) = (dir.join("plain.fns"), dir.join("mixed.fns"));
+        write_chunks_as(&plain, version, |_| false);
+        write_chunks_as(&mixed, version, |seq| seq != 2);
+        compact(&mixed, |_, _| {}).unwrap();
+        assert_eq!(version_of(&mixed), version);
+        assert_eq!(std::fs::read(&mixed).unwrap(), std::fs::read(&plain).unwrap(), "version {version}");
+    }
 }
 
 /// Version 1 files, whose checksums cover the payload only, are still read.
