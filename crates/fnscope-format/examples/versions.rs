@@ -1,26 +1,32 @@
-//! What format version 3 and the current one (6: leaves' times as gap and duration since 4,
-//! image tables compressed since 5, time columns in a frame of their own since 6) make of a
-//! trace's image tables and calls: bytes per call of a file of both (META and END, a few hundred bytes, left out), and the writer's time per call (encoding and compression, the recorder's
-//! work while a program runs). The same tables and calls for both, held in memory and written
-//! in alternating rounds, so the differences are the encodings' alone: a new recording of the
-//! same program differs by the noise in its times.
+//! What an older format version (3 unless `--old N` says otherwise) and the current one (6:
+//! leaves' times as gap and duration since 4, image tables compressed since 5, time columns in
+//! a frame of their own since 6) make of a trace's image tables and calls: bytes per call of a
+//! file of both (META and END, a few hundred bytes, left out), and the writer's time per call
+//! (encoding and compression, the recorder's work while a program runs). The same tables and
+//! calls for both, held in memory and written in alternating rounds, so the differences are
+//! the encodings' alone: a new recording of the same program differs by the noise in its times.
 //!
-//! `cargo run --release -p fnscope-format --example versions -- TRACE_DIR...`
+//! `cargo run --release -p fnscope-format --example versions -- [--old N] TRACE_DIR...`
 
 use fnscope_format::{Chunk, ImageTable, ThreadSegment, TraceReader, TraceWriter, FORMAT_VERSION};
 use std::path::Path;
 use std::time::Instant;
 
-const VERSIONS: [u32; 2] = [3, FORMAT_VERSION];
 const ROUNDS: usize = 5;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let traces: Vec<String> = std::env::args().skip(1).collect();
+    let mut traces: Vec<String> = std::env::args().skip(1).collect();
+    let mut old = 3;
+    if traces.first().is_some_and(|a| a == "--old") && traces.len() >= 2 {
+        old = traces[1].parse().map_err(|_| format!("--old wants a format version, not {}", traces[1]))?;
+        traces.drain(..2);
+    }
     if traces.is_empty() {
-        return Err("usage: versions TRACE_DIR...".into());
+        return Err("usage: versions [--old N] TRACE_DIR...".into());
     }
     let out = std::env::temp_dir().join(format!("fnscope-versions-{}.fns", std::process::id()));
-    let [old, new] = VERSIONS;
+    let versions = [old, FORMAT_VERSION];
+    let new = FORMAT_VERSION;
     println!("| trace | calls | bytes/call v{old} | v{new} | ratio | write ns/call v{old} | v{new} | ratio |");
     println!("|---|--:|--:|--:|--:|--:|--:|--:|");
     for trace in &traces {
@@ -36,10 +42,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let texts: Vec<(u32, String)> = images.iter().map(|(sid, t)| (*sid, t.to_text())).collect();
         let calls: u64 = segs.iter().map(|s| s.records.len() as u64).sum::<u64>().max(1);
-        let mut bytes = [0u64; VERSIONS.len()];
-        let mut times: [Vec<f64>; VERSIONS.len()] = Default::default();
+        let mut bytes = [0u64; 2];
+        let mut times: [Vec<f64>; 2] = Default::default();
         for _ in 0..ROUNDS {
-            for (k, &version) in VERSIONS.iter().enumerate() {
+            for (k, &version) in versions.iter().enumerate() {
                 let mut writer = TraceWriter::create_as(&out, version)?;
                 let start = Instant::now();
                 for (sid, text) in &texts {

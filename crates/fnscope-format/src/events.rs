@@ -17,11 +17,12 @@ pub(crate) const ZSTD_LEVEL: i32 = 1;
 
 /// Shortest match zstd looks for in EVENTS frames (from version 6, the structure columns'),
 /// instead of level 1's 6 bytes for inputs of 16 to 256 KiB (a full chunk's columns) and 5
-/// below: in the column bytes of real traces, shorter matches cost more to find and encode than they save. With 7, compression took
-/// 6-12% less time and traces were as small or smaller (per record: fib 9.85 against
-/// 10.93 ns, 0.658 against 0.670 bytes; python3.11 9.86 against 11.24 ns, 0.840 against
-/// 0.843; a `make -j2` of gcc 11.56 against 12.25 ns, 1.067 against 1.068; 400 segments of
-/// each trace, best of 25).
+/// below: in the column bytes of real traces, shorter matches cost more to find and encode
+/// than they save. With 7, compression took 6-12% less time and traces were as small or
+/// smaller (per record: fib 9.85 against 10.93 ns, 0.658 against 0.670 bytes; python3.11
+/// 9.86 against 11.24 ns, 0.840 against 0.843; a `make -j2` of gcc 11.56 against 12.25 ns,
+/// 1.067 against 1.068; 400 segments of each trace, best of 25; measured on the version 5
+/// frame of all columns).
 pub(crate) const ZSTD_MIN_MATCH: u32 = 7;
 
 /// A compressor for EVENTS frames (from version 6, the structure columns'): [`ZSTD_LEVEL`] with
@@ -44,8 +45,8 @@ pub(crate) fn compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
 /// two frames took 3.4 instead of 9.9 ns per record of fib, 5.6 instead of 10.4 for python3.11
 /// and 6.0 instead of 13.3 for a `make -j2` of gcc, for 0.654 instead of 0.642, 0.886 instead
 /// of 0.836 and 1.027 instead of 1.052 bytes (400 real segments of each trace, best of 15).
-/// Whole traces rewritten by `examples/versions.rs`: 0.658 against 0.646, 0.762 against 0.689
-/// and 1.50 against 1.54 bytes per call, in 65-77% of the writer's time.
+/// Whole traces rewritten by `examples/versions.rs --old 5`: 0.658 against 0.646, 0.762
+/// against 0.689 and 1.50 against 1.54 bytes per call, in 65-77% of the writer's time.
 pub(crate) fn time_compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
     use zstd::zstd_safe::{CParameter, ParamSwitch};
     let mut c = compressor()?;

@@ -279,7 +279,7 @@ fn each_version_reads_its_own_timing() {
     }
 }
 
-/// The EVENTS chunks of a trace file.
+/// The thread segments among `chunks`.
 fn events_of(chunks: Vec<Chunk>) -> Vec<ThreadSegment> {
     chunks.into_iter().filter_map(|c| match c { Chunk::Events(s) => Some(s), _ => None }).collect()
 }
@@ -353,6 +353,7 @@ fn damaged_time_frames_are_reported() {
         c.include_contentsize(false).unwrap();
         c.compress(&zstd::bulk::decompress(times, 1 << 20).unwrap()).unwrap()
     };
+    assert!(matches!(zstd::zstd_safe::get_frame_content_size(&no_size), Ok(None)));
     let skippable = [0x50, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3];
     assert_eq!(try_frames(&[head, &no_size]).unwrap(), segs);
     assert_eq!(try_frames(&[head, &skippable, times]).unwrap(), segs);
