@@ -265,17 +265,16 @@ fn checksum_covers_kind_and_length() {
 fn each_version_reads_its_own_timing() {
     let dir = tmpdir("timing");
     let (path, segs) = write_sample(&dir);
-    let events = events_of;
-    assert_eq!(events(read_all(&path).unwrap().0), segs);
+    assert_eq!(events_of(read_all(&path).unwrap().0), segs);
     let new = std::fs::read(&path).unwrap();
     for version in [2, 3] {
         let (old, _) = write_sample_as(&tmpdir(&format!("timing-v{version}")), version);
-        assert_eq!(events(read_all(&old).unwrap().0), segs, "version {version}");
+        assert_eq!(events_of(read_all(&old).unwrap().0), segs, "version {version}");
         // Same calls, other bytes: a file read as the wrong version would be misread.
         let mut relabelled = new.clone();
         relabelled[8..12].copy_from_slice(&version.to_le_bytes());
         std::fs::write(&old, &relabelled).unwrap();
-        assert!(read_all(&old).map_or(true, |(c, _)| events(c) != segs), "version {version}");
+        assert!(read_all(&old).map_or(true, |(c, _)| events_of(c) != segs), "version {version}");
     }
 }
 
