@@ -246,7 +246,7 @@ fn run_lines(o: &mut String, i: &Info) {
             let how = match (e.exit_status, e.killed_by_signal) {
                 (_, Some(sig)) => format!(
                     "killed by signal {sig}: the trace ended abruptly; every call that returned before \
-                     is in it, calls still running then are not"
+                     is in it, and the calls still running then end there, cut off"
                 ),
                 (Some(st), None) => format!("exited with status {st}"),
                 (None, None) => "unknown".to_string(),

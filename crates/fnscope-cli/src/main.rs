@@ -38,7 +38,7 @@ enum TokenCommand {
 enum Command {
     /// Run a program with every hookable function traced, writing the trace to a folder.
     Record {
-        /// Trace folder.
+        /// Trace folder. A trace already in it is kept as FOLDER.old.
         #[arg(short = 'o', long = "output", default_value = "fnscope.data")]
         output: PathBuf,
         /// Also hook shared libraries whose path contains PATTERN (repeatable).
@@ -441,6 +441,9 @@ fn run(cli: Cli) -> Result<i32> {
                 } else {
                     server::upload(&server::UploadOptions { server, token, tags }, &runs)?;
                 }
+            }
+            if out.signal.is_some() {
+                record::end_like_the_program(out.exit_code, out.signal);
             }
             Ok(out.exit_code)
         }

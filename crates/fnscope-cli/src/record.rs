@@ -223,7 +223,12 @@ fn check_program(path: &Path) -> Result<()> {
              Record a dynamically linked build of it (`fnscope funcs` can still list its functions)"
         );
     }
-    if !facts.named {
+    if !facts.named && !facts.unwind {
+        eprintln!(
+            "fnscope: warning: {shown} has neither symbols nor unwind tables (.eh_frame), by which fnscope finds functions: \
+             only its exported functions can be traced. Record a build that keeps one or the other"
+        );
+    } else if !facts.named {
         eprintln!("fnscope: note: {shown} is stripped: exported functions keep their names, the others are named sub_<address>");
     }
     Ok(())
@@ -275,26 +280,72 @@ struct DirLock {
     _file: std::fs::File,
 }
 
-/// Takes the trace folder `dir` for this recorder: checks it may hold a trace, creates it,
-/// locks it, and only then removes an older trace from it. A folder another `record` holds is
-/// refused with that recorder's pid.
+/// Takes the trace folder `dir` for this recorder: checks it may hold a trace, creates it and
+/// locks it. A folder another `record` holds is refused with that recorder's pid. A trace
+/// recorded there earlier is kept as `DIR.old` (replacing an older `DIR.old`), as uftrace
+/// keeps `uftrace.data.old` and perf `perf.data.old`: recording again by mistake must not
+/// lose a recording. Leftovers of a recording that left no trace file are removed.
 fn prepare_dir(dir: &Path) -> Result<DirLock> {
-    use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
     let shown = dir.display();
     if dir.exists() {
         if !dir.is_dir() {
             bail!("{shown} is not a folder; choose a folder for the trace with -o");
         }
-        let is_trace = dir.join("trace.fns").exists() || dir.join("images").exists();
-        let empty = std::fs::read_dir(dir)
-            .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == LOCK_FILE))
-            .unwrap_or(false);
-        if !is_trace && !empty {
+        if !holds_trace_or_nothing(dir) {
             bail!("{shown} exists and is not an fnscope trace; choose another folder with -o");
         }
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
+    let mut file = lock_dir(dir)?;
+    if dir.join(fnscope_format::TRACE_FILE).exists() {
+        let mut old = dir.as_os_str().to_owned();
+        old.push(".old");
+        let old = PathBuf::from(old);
+        if old.exists() {
+            if !old.is_dir() || !holds_trace_or_nothing(&old) {
+                bail!(
+                    "{shown} holds a trace, which fnscope keeps as {}, but that exists and is not an fnscope trace; \
+                     move it, or record into another folder with -o",
+                    old.display()
+                );
+            }
+            std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove the older trace {}", old.display()))?;
+        }
+        std::fs::rename(dir, &old).with_context(|| format!("cannot keep the earlier trace {shown} as {}", old.display()))?;
+        eprintln!("fnscope: note: the trace recorded earlier in {shown} is kept as {}", old.display());
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
+        file = lock_dir(dir)?;
+    }
+    let _ = std::fs::remove_dir_all(dir.join("images"));
+    // Snapshots of an earlier flight recording belong to that trace.
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.filter_map(|e| e.ok()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("snapshot-") || name.starts_with(".snapshot-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    std::fs::create_dir_all(dir.join("images")).with_context(|| format!("cannot create {shown}/images"))?;
+    Ok(DirLock { _file: file })
+}
+
+/// Whether the folder `dir` holds an fnscope trace (or what a recording left of one), or
+/// nothing but a recorder's lock file.
+fn holds_trace_or_nothing(dir: &Path) -> bool {
+    let is_trace = dir.join(fnscope_format::TRACE_FILE).exists() || dir.join("images").exists();
+    is_trace
+        || std::fs::read_dir(dir)
+            .map(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == LOCK_FILE))
+            .unwrap_or(false)
+}
+
+/// Locks the trace folder `dir` for this recorder (its pid in the lock file), or says which
+/// recorder holds it.
+fn lock_dir(dir: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let shown = dir.display();
     let lock_path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -322,19 +373,7 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
         .and_then(|_| file.rewind())
         .and_then(|_| writeln!(file, "{pid}"))
         .with_context(|| format!("cannot write {}", lock_path.display()))?;
-    let _ = std::fs::remove_file(dir.join("trace.fns"));
-    let _ = std::fs::remove_dir_all(dir.join("images"));
-    // Snapshots of an earlier flight recording belong to that trace.
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.filter_map(|e| e.ok()) {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("snapshot-") || name.starts_with(".snapshot-") {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
-    std::fs::create_dir_all(dir.join("images")).with_context(|| format!("cannot create {shown}/images"))?;
-    Ok(DirLock { _file: file })
+    Ok(file)
 }
 
 fn tsc() -> u64 {
@@ -1049,6 +1088,48 @@ fn install_signal_forwarding() {
 pub struct RecordOutcome {
     /// Exit code for `fnscope` itself: the program's, or 128+N when killed by signal N.
     pub exit_code: i32,
+    /// The signal that killed the program, which `fnscope` then dies of too
+    /// ([`end_like_the_program`]).
+    pub signal: Option<i32>,
+}
+
+/// The system's description of signal `sig` ("Segmentation fault").
+fn signal_name(sig: i32) -> String {
+    // SAFETY: strsignal returns null or a string that stays valid until the next call on
+    // this thread; it is copied at once.
+    let p = unsafe { libc::strsignal(sig) };
+    if p.is_null() {
+        return format!("signal {sig}");
+    }
+    // SAFETY: a non-null result of strsignal is a NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Ends `fnscope` the way the program ended: killed by `signal` when it was, so that a parent
+/// that looks at how its child ended (a shell printing "Segmentation fault", Python's
+/// negative `returncode`, a test runner) sees what it sees without tracing; else, or if the
+/// signal does not end this process, exit with `code`. No core file is written for
+/// `fnscope` itself: the program wrote its own, where the system writes them.
+pub fn end_like_the_program(code: i32, signal: Option<i32>) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    if let Some(sig) = signal {
+        // SAFETY: plain system calls on this process: no core limit, the default action for
+        // `sig` (the recorder forwards some signals with a handler of its own), `sig`
+        // unblocked, then raised.
+        unsafe {
+            let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+    }
+    std::process::exit(code)
 }
 
 /// Runs `record`.
@@ -1311,6 +1392,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let _ = std::fs::remove_dir_all(dir.join("counts"));
     let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
     let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
+    if hooked == 0 {
+        eprintln!(
+            "fnscope: warning: no function could be hooked, so no call was recorded; `fnscope funcs {}` lists the functions \
+             found in the program and why each was left out",
+            program.display()
+        );
+    }
     let unmatched = rec.region.unmatched_returns();
     if unmatched > 0 {
         eprintln!(
@@ -1357,7 +1445,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         (None, Some(s)) => 128 + s,
         (None, None) => 1,
     };
-    Ok(RecordOutcome { exit_code })
+    let signal = if exit_status.is_none() { killed_by_signal } else { None };
+    if let Some(sig) = signal {
+        eprintln!("fnscope: the program was killed by signal {sig} ({}); its calls until then are in the trace", signal_name(sig));
+    }
+    Ok(RecordOutcome { exit_code, signal })
 }
 
 /// Count mode: turns every block of every `counts/<sid>.bin` into a COUNTS chunk. Returns

@@ -403,6 +403,36 @@ fn stripped_copy_counts_from_eh_frame() {
     }
 }
 
+/// A program with neither symbols nor unwind tables offers nothing to hook (bar exported
+/// functions): `record` says so and why, instead of an unexplained "0 functions hooked".
+#[test]
+fn nothing_to_hook_is_explained() {
+    let dir = TempDir::new("no-unwind");
+    let full = build_inputs(&dir, "inputs-full", &[]);
+    let bare = dir.join("inputs");
+    let r = Command::new("strip")
+        .args(["--strip-all", "-R", ".eh_frame", "-R", ".eh_frame_hdr", "-o"])
+        .arg(&bare)
+        .arg(&full)
+        .output()
+        .expect("strip");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let trace = dir.join("trace");
+    let r = fnscope_cmd(&["record", "-o", path_str(&trace), "--", path_str(&bare), "3"]);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    for said in ["has neither symbols nor unwind tables (.eh_frame)", "no function could be hooked", "0 calls recorded"] {
+        assert!(r.stderr.contains(said), "record does not say {said:?}\n{}", r.describe());
+    }
+    // The plain stripped copy keeps its unwind tables: its functions are found and hooked.
+    let stripped = dir.join("stripped");
+    let s = Command::new("strip").arg("-o").arg(&stripped).arg(&full).output().expect("strip");
+    assert!(s.status.success());
+    let r = fnscope_cmd(&["record", "-o", path_str(&dir.join("trace2")), "--", path_str(&stripped), "3"]);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(!r.stderr.contains("no function could be hooked"), "{}", r.describe());
+    assert!(r.stderr.contains("is stripped"), "{}", r.describe());
+}
+
 /// Line of inputs.c where function `name` is defined.
 fn definition_line(name: &str) -> u64 {
     let src = std::fs::read_to_string(this_dir().join("programs/inputs.c")).unwrap();

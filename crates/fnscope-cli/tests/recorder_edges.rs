@@ -112,6 +112,11 @@ fn second_recorder_into_the_same_folder_is_refused() {
     let third = Invocation::new(&trivial, dir.path()).run_recorded(&trace);
     assert_eq!(third.code, 0, "{}", third.describe());
     assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
+    // Recording again did not lose the first recording: it is kept next to the folder, as
+    // uftrace keeps uftrace.data.old.
+    let old = dir.join("trace.old");
+    assert!(third.stderr.contains(&format!("kept as {}", old.display())), "{}", third.describe());
+    assert_eq!(calls_of(&report(&old).unwrap(), "waiter", "tick").0, ticks, "the first trace, kept");
 }
 
 /// Item 16: the lock dies with its recorder, so a killed recorder does not block the folder.

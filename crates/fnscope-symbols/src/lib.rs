@@ -210,6 +210,9 @@ pub struct ProgramFacts {
     pub is_static: bool,
     /// Its local functions have names: a `.symtab`, a separate debug file or MiniDebugInfo.
     pub named: bool,
+    /// It has unwind tables (a non-empty `.eh_frame`), whose entries give the starts of
+    /// functions that have no name.
+    pub unwind: bool,
 }
 
 /// [`ProgramFacts`] of the ELF file at `path`.
@@ -225,7 +228,8 @@ pub fn program_facts(path: &Path) -> Result<ProgramFacts, SymbolError> {
     let named = !elf.elf_symbol_table().is_empty()
         || elf.elf_section_table().section_by_name(endian, b".gnu_debugdata").is_some()
         || open_debug_file(path, elf.build_id().ok().flatten(), elf.gnu_debuglink().ok().flatten()).is_some();
-    Ok(ProgramFacts { is_static: is_static(&elf, &data), named })
+    let unwind = elf.elf_section_table().section_by_name(endian, b".eh_frame").is_some_and(|(_, sh)| sh.sh_size(endian) > 0);
+    Ok(ProgramFacts { is_static: is_static(&elf, &data), named, unwind })
 }
 
 /// Whether the ELF file is statically linked: no interpreter, no needed library, and an

@@ -298,6 +298,14 @@ pub fn compare_runs(native: &Run, traced: &Run) -> Vec<String> {
             traced.code, native.code
         ));
     }
+    // A parent sees how its child ended, not only the shell's 128 + N: `record` dies of the
+    // signal that killed the program.
+    if traced.signal != native.signal {
+        problems.push(format!(
+            "killed by signal {:?} under record, natively {:?}",
+            traced.signal, native.signal
+        ));
+    }
     if let Some(d) = first_difference(&native.stdout, &traced.stdout) {
         problems.push(format!("stdout differs under record: {d}"));
     }
