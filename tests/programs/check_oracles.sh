@@ -30,6 +30,7 @@ programs=(
     "recursion recursion.c -O2 -g -fno-optimize-sibling-calls"
     "tailcalls tailcalls.c -O2 -g -foptimize-sibling-calls"
     "exceptions exceptions.cpp -O2 -g"
+    "backtrace backtrace.cpp -O2 -g -rdynamic"
     "jumps jumps.c -O2 -g"
     "signals signals.c -O2 -g"
     "fork fork.c -O2 -g"

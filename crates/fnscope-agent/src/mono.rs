@@ -312,7 +312,7 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
             fnscope_abi::skip_reason::STACK_WALKER,
             name.replace(['\t', '\n'], " ")
         );
-        (crate::unwind::KIND_MONO_WALK, line)
+        (crate::unwind::KIND_WALK, line)
     } else {
         t.table.add_generated_func(midx, start, size, name, max_id).ok_or("no counter left for it (count mode)")?
     };

@@ -6,7 +6,10 @@
 //! pre-hook that puts the real return addresses back
 //! ([`crate::thread::unwind_begins`]); the start of a `catch` block
 //! (`__cxa_begin_catch`) records the frames that are gone and re-arms the live ones
-//! ([`crate::thread::unwind_caught`]).
+//! ([`crate::thread::unwind_caught`]). A walk that only reads the stack (`_Unwind_Backtrace`,
+//! behind glibc's `backtrace` and Rust's `std::backtrace`) gives every hooked frame its return
+//! address back for good ([`crate::thread::disarm`]): the program's backtraces stay whole,
+//! and the calls open then get late ends (recorded as unwound) instead of exact ones.
 
 use crate::hook::{self, Loaded};
 use crate::thread;
@@ -15,21 +18,23 @@ use crate::thread;
 const KIND_BEGIN: u32 = 1;
 /// Pre-hook kind: an exception is caught.
 const KIND_CAUGHT: u32 = 2;
-/// Pre-hook kind: Mono starts a stack walk (see [`crate::mono`]).
-pub const KIND_MONO_WALK: u32 = 3;
+/// Pre-hook kind: a stack walk by return address starts: Mono's (see [`crate::mono`]) or the
+/// unwinder's backtrace.
+pub const KIND_WALK: u32 = 3;
 
 const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
 const CAUGHT: &[&str] = &["__cxa_begin_catch"];
+const WALK: &[&str] = &["_Unwind_Backtrace"];
 
 /// Called by `fnscope_prehook` with the kind, the stack pointer at the hooked function's
 /// entry (pointing at its return address) and its first argument: the `_Unwind_Exception`
-/// for all the hooked functions.
+/// for the unwind and catch hooks (a walk has no use for it).
 #[no_mangle]
 extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
     match kind {
         KIND_BEGIN => thread::unwind_begins(rsp, exception),
         KIND_CAUGHT => thread::unwind_caught(rsp + 8, exception),
-        KIND_MONO_WALK => thread::disarm(),
+        KIND_WALK => thread::disarm(),
         _ => {}
     }
 }
@@ -39,7 +44,7 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
 pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
     let mut n = 0;
     let mut targets: Vec<(u64, u32)> = Vec::new();
-    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT)] {
+    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (WALK, KIND_WALK)] {
         for name in names {
             let c = std::ffi::CString::new(*name).expect("static name without NUL");
             // SAFETY: dlsym with RTLD_DEFAULT and a valid C string only looks a symbol up.

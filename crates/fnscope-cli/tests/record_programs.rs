@@ -563,6 +563,16 @@ fn cpp_exceptions() {
     check_case(&Case::new("exceptions.cpp", "exceptions"));
 }
 
+#[test]
+fn backtraces_see_every_frame() {
+    // glibc's backtrace() through hooked frames: it used to stop at the first one (2 frames
+    // instead of 7), and the program's output changed with it. -rdynamic names the frames.
+    check_case(&Case {
+        flags: &["-O2", "-g", "-rdynamic"],
+        ..Case::new("backtrace.cpp", "backtrace")
+    });
+}
+
 /// The nesting depth of every call of `name` in `fnscope replay`'s tree (0 = outermost).
 fn replay_depths(trace: &Path, name: &str) -> Vec<usize> {
     let r = fnscope_cmd(&["replay", "-i", path_str(trace)]);
