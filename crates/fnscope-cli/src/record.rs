@@ -298,7 +298,16 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
     let mut file = lock_dir(dir)?;
     if dir.join(fnscope_format::TRACE_FILE).exists() {
-        let mut old = dir.as_os_str().to_owned();
+        // The folder itself, not a link to it nor `run/` or `.`, is what moves.
+        let real = std::fs::canonicalize(dir).with_context(|| format!("cannot find {shown}"))?;
+        let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
+        if cwd.as_ref().is_some_and(|c| c.starts_with(&real)) {
+            bail!(
+                "{shown} holds a trace, which fnscope would keep by renaming the folder, but it is (or holds) the \
+                 current folder; record into another folder with -o"
+            );
+        }
+        let mut old = real.as_os_str().to_owned();
         old.push(".old");
         let old = PathBuf::from(old);
         if old.exists() {
@@ -311,10 +320,10 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
             }
             std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove the older trace {}", old.display()))?;
         }
-        std::fs::rename(dir, &old).with_context(|| format!("cannot keep the earlier trace {shown} as {}", old.display()))?;
+        std::fs::rename(&real, &old).with_context(|| format!("cannot keep the earlier trace {shown} as {}", old.display()))?;
         eprintln!("fnscope: note: the trace recorded earlier in {shown} is kept as {}", old.display());
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
-        file = lock_dir(dir)?;
+        std::fs::create_dir_all(&real).with_context(|| format!("cannot create {}", real.display()))?;
+        file = lock_dir(&real)?;
     }
     let _ = std::fs::remove_dir_all(dir.join("images"));
     // Snapshots of an earlier flight recording belong to that trace.
