@@ -1004,9 +1004,9 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
 
 /// Something is about to walk this thread's stack by return address (Mono's stack traces and
 /// caller lookups, the unwinder's `_Unwind_Backtrace`): every hooked frame gets its real
-/// return address back, for good. Those
-/// calls then return without passing the exit stub; each is recorded as unwound when the next
-/// hooked entry or exit finds it gone (counts stay exact, their ends are late).
+/// return address back, for good. Those calls then return without passing the exit stub;
+/// each is recorded as unwound when the next hooked entry or exit finds it gone (counts stay
+/// exact, their ends are late).
 pub fn disarm() {
     let Some(st) = current() else { return };
     // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
