@@ -359,18 +359,18 @@ fn nm_addresses(exe: &Path) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// `strip OPTIONS -o TO FROM`.
+fn strip(options: &[&str], from: &Path, to: &Path) {
+    let r = Command::new("strip").args(options).arg("-o").arg(to).arg(from).output().expect("strip");
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
 #[test]
 fn stripped_copy_counts_from_eh_frame() {
     let dir = TempDir::new("stripped");
     let full = build_inputs(&dir, "inputs-full", &[]);
     let stripped = dir.join("inputs");
-    let r = Command::new("strip")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(&full)
-        .output()
-        .expect("strip");
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    strip(&[], &full, &stripped);
     let addresses = nm_addresses(&full);
     let trace = dir.join("trace");
     record(&stripped, 3, "count", &trace);
@@ -410,13 +410,7 @@ fn nothing_to_hook_is_explained() {
     let dir = TempDir::new("no-unwind");
     let full = build_inputs(&dir, "inputs-full", &[]);
     let bare = dir.join("inputs");
-    let r = Command::new("strip")
-        .args(["--strip-all", "-R", ".eh_frame", "-R", ".eh_frame_hdr", "-o"])
-        .arg(&bare)
-        .arg(&full)
-        .output()
-        .expect("strip");
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    strip(&["--strip-all", "-R", ".eh_frame", "-R", ".eh_frame_hdr"], &full, &bare);
     let trace = dir.join("trace");
     let r = fnscope_cmd(&["record", "-o", path_str(&trace), "--", path_str(&bare), "3"]);
     assert_eq!(r.code, 0, "{}", r.describe());
@@ -425,8 +419,7 @@ fn nothing_to_hook_is_explained() {
     }
     // The plain stripped copy keeps its unwind tables: its functions are found and hooked.
     let stripped = dir.join("stripped");
-    let s = Command::new("strip").arg("-o").arg(&stripped).arg(&full).output().expect("strip");
-    assert!(s.status.success());
+    strip(&[], &full, &stripped);
     let r = fnscope_cmd(&["record", "-o", path_str(&dir.join("trace2")), "--", path_str(&stripped), "3"]);
     assert_eq!(r.code, 0, "{}", r.describe());
     assert!(!r.stderr.contains("no function could be hooked"), "{}", r.describe());
