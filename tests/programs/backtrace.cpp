@@ -3,8 +3,10 @@
 // tool's exit stub while the function runs: unless the tool gives the real ones back before
 // the walk, the backtrace stops at the first hooked frame. The program prints what it saw
 // (how many frames, and the names of the first ones), which must be the same traced; calls
-// made after each walk must still be counted exactly.
+// made after each walk must still be counted exactly. It also walks with _Unwind_Backtrace
+// itself, which a program linked with -static-libgcc runs from its own copy of the unwinder.
 #include <execinfo.h>
+#include <unwind.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -27,13 +29,23 @@ static std::string name_of(const char *line)
     return open && end ? std::string(open + 1, end) : std::string("?");
 }
 
+static _Unwind_Reason_Code count_frame(struct _Unwind_Context *, void *arg)
+{
+    ++*static_cast<int *>(arg);
+    return _URC_NO_REASON;
+}
+
 NOINLINE int walk()
 {
     HIT(walk);
+    // The unwinder first: after one walk the tool has given the frames open then their
+    // return addresses back, and the second walk would see them whatever it runs.
+    int unwound = 0;
+    _Unwind_Backtrace(count_frame, &unwound);
     void *frames[64];
     int n = backtrace(frames, 64);
     char **names = backtrace_symbols(frames, n);
-    seen = std::to_string(n) + ":";
+    seen = std::to_string(n) + " (unwinder " + std::to_string(unwound) + "):";
     for (int i = 0; i < n && i < 4 && names; i++)
         seen += " " + name_of(names[i]);
     free(names);

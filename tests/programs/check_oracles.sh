@@ -31,6 +31,8 @@ programs=(
     "tailcalls tailcalls.c -O2 -g -foptimize-sibling-calls"
     "exceptions exceptions.cpp -O2 -g"
     "backtrace backtrace.cpp -O2 -g -rdynamic"
+    "exceptions_static exceptions.cpp -O2 -g -static-libgcc -static-libstdc++"
+    "backtrace_static backtrace.cpp -O2 -g -rdynamic -static-libgcc -static-libstdc++"
     "jumps jumps.c -O2 -g"
     "signals signals.c -O2 -g"
     "fork fork.c -O2 -g"

@@ -370,7 +370,7 @@ pub fn entry_hooks(path: &Path, addresses: &[u64], traced: bool) -> Result<Vec<(
         store(file, &seal(o));
     }
     if traced {
-        *SPARE.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), ReturnAddress::Replaced, a));
+        keep_spare(path, ReturnAddress::Replaced, a);
     }
     Ok(entries)
 }
@@ -383,6 +383,12 @@ static SPARE: Mutex<Option<(PathBuf, ReturnAddress, Analysis)>> = Mutex::new(Non
 /// left alone after all).
 pub fn forget_spare() {
     SPARE.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
+
+/// Keeps analysis `a` of the module at `path` in mode `ra` for the next [`analyse`] of it,
+/// made when start-up looked at the module before tracing it.
+pub fn keep_spare(path: &Path, ra: ReturnAddress, a: Analysis) {
+    *SPARE.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), ra, a));
 }
 
 fn take_spare(path: &Path, ra: ReturnAddress) -> Option<Analysis> {

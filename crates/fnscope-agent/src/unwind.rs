@@ -12,6 +12,7 @@
 //! and the calls open then get late ends (recorded as unwound) instead of exact ones.
 
 use crate::hook::{self, Loaded};
+use crate::plan_cache;
 use crate::thread;
 
 /// Pre-hook kind: an unwind starts.
@@ -39,11 +40,40 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
     }
 }
 
+/// The pre-hook kind of the unwinder entry point `name`, if it is one.
+fn kind_of(name: &str) -> Option<u32> {
+    [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (WALK, KIND_WALK)]
+        .into_iter()
+        .find_map(|(names, kind)| names.contains(&name).then_some(kind))
+}
+
+/// The unwinder entry points the main executable defines for itself. A program linked with
+/// `-static-libgcc -static-libstdc++` throws through its own copy of the unwinder, whose
+/// symbols are local: `dlsym` cannot see them, but the symbol table the executable is traced
+/// by names them. The analysis read for this is kept for tracing the executable next.
+fn own_copies(main: &Loaded) -> Vec<(u64, u32)> {
+    let ra = fnscope_x86::ReturnAddress::Replaced;
+    let a = match plan_cache::analyse(&main.path, ra) {
+        Ok(a) => a,
+        // Tracing the executable will fail the same way, and say so.
+        Err(_) => return Vec::new(),
+    };
+    let found = (0..a.count())
+        .filter_map(|i| Some((main.bias + a.address(i), kind_of(a.name(i)?)?)))
+        .collect();
+    plan_cache::keep_spare(&main.path, ra, a);
+    found
+}
+
 /// Hooks the unwinder entry points and `__cxa_begin_catch` wherever they are defined among
-/// the loaded objects. Returns how many were hooked and their addresses.
+/// the loaded objects: those the dynamic linker finds, and the main executable's own copies.
+/// Returns how many were hooked and their addresses.
 pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
     let mut n = 0;
-    let mut targets: Vec<(u64, u32)> = Vec::new();
+    let mut targets: Vec<(u64, u32)> = match objs.first() {
+        Some(main) if !hook::never_hook(&main.path, main) => own_copies(main),
+        _ => Vec::new(),
+    };
     for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (WALK, KIND_WALK)] {
         for name in names {
             let c = std::ffi::CString::new(*name).expect("static name without NUL");

@@ -563,6 +563,28 @@ fn cpp_exceptions() {
     check_case(&Case::new("exceptions.cpp", "exceptions"));
 }
 
+/// Linked with `-static-libgcc -static-libstdc++`, as programs shipped to machines without
+/// the right libstdc++ often are: the program throws through its own copy of the unwinder,
+/// whose symbols are local, out of `dlsym`'s sight. The unwinder met the tool's return
+/// addresses and the program died in `std::terminate`.
+const STATIC_UNWINDER: &[&str] = &["-O2", "-g", "-static-libgcc", "-static-libstdc++"];
+
+#[test]
+fn cpp_exceptions_through_the_programs_own_unwinder() {
+    check_case(&Case {
+        flags: STATIC_UNWINDER,
+        ..Case::new("exceptions.cpp", "exceptions_static")
+    });
+}
+
+#[test]
+fn destructors_run_by_the_programs_own_unwinder() {
+    check_case(&Case {
+        flags: STATIC_UNWINDER,
+        ..Case::new("unwind_cleanup.cpp", "unwind_cleanup_static")
+    });
+}
+
 #[test]
 fn backtraces_see_every_frame() {
     // glibc's backtrace() through hooked frames: it used to stop at the first one (2 frames
@@ -570,6 +592,14 @@ fn backtraces_see_every_frame() {
     check_case(&Case {
         flags: &["-O2", "-g", "-rdynamic"],
         ..Case::new("backtrace.cpp", "backtrace")
+    });
+}
+
+#[test]
+fn backtraces_by_the_programs_own_unwinder_see_every_frame() {
+    check_case(&Case {
+        flags: &["-O2", "-g", "-rdynamic", "-static-libgcc", "-static-libstdc++"],
+        ..Case::new("backtrace.cpp", "backtrace_static")
     });
 }
 
