@@ -282,9 +282,10 @@ struct DirLock {
 
 /// Takes the trace folder `dir` for this recorder: checks it may hold a trace, creates it and
 /// locks it. A folder another `record` holds is refused with that recorder's pid. A trace
-/// recorded there earlier is kept as `DIR.old` (replacing an older `DIR.old`), as uftrace
-/// keeps `uftrace.data.old` and perf `perf.data.old`: recording again by mistake must not
-/// lose a recording. Leftovers of a recording that left no trace file are removed.
+/// recorded there earlier is kept as `DIR.old` (replacing an older `DIR.old` that holds
+/// nothing but a trace), as uftrace keeps `uftrace.data.old` and perf `perf.data.old`:
+/// recording again by mistake must not lose a recording. Leftovers of a recording that left
+/// no trace file are removed.
 fn prepare_dir(dir: &Path) -> Result<DirLock> {
     let shown = dir.display();
     if dir.exists() {
@@ -298,30 +299,7 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
     let mut file = lock_dir(dir)?;
     if dir.join(fnscope_format::TRACE_FILE).exists() {
-        // The folder itself, not a link to it nor `run/` or `.`, is what moves.
-        let real = std::fs::canonicalize(dir).with_context(|| format!("cannot find {shown}"))?;
-        let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
-        if cwd.as_ref().is_some_and(|c| c.starts_with(&real)) {
-            bail!(
-                "{shown} holds a trace, which fnscope would keep by renaming the folder, but it is (or holds) the \
-                 current folder; record into another folder with -o"
-            );
-        }
-        let mut old = real.as_os_str().to_owned();
-        old.push(".old");
-        let old = PathBuf::from(old);
-        if old.exists() {
-            if !old.is_dir() || !holds_trace_or_nothing(&old) {
-                bail!(
-                    "{shown} holds a trace, which fnscope keeps as {}, but that exists and is not an fnscope trace; \
-                     move it, or record into another folder with -o",
-                    old.display()
-                );
-            }
-            std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove the older trace {}", old.display()))?;
-        }
-        std::fs::rename(&real, &old).with_context(|| format!("cannot keep the earlier trace {shown} as {}", old.display()))?;
-        eprintln!("fnscope: note: the trace recorded earlier in {shown} is kept as {}", old.display());
+        let real = keep_earlier_trace(dir)?;
         std::fs::create_dir_all(&real).with_context(|| format!("cannot create {}", real.display()))?;
         file = lock_dir(&real)?;
     }
@@ -339,6 +317,82 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
     Ok(DirLock { _file: file })
 }
 
+/// Moves the trace folder `dir` (locked by this recorder, holding a trace) to `DIR.old`, so
+/// that recording again does not lose it, and returns the folder's real path, now free. An
+/// older `DIR.old` is replaced only when it holds nothing but a trace and no recorder uses
+/// it, and it is set aside rather than removed until the move succeeded: when the move fails,
+/// both trace folders are as they were.
+fn keep_earlier_trace(dir: &Path) -> Result<PathBuf> {
+    let shown = dir.display();
+    // The folder itself, not a link to it nor `run/` or `.`, is what moves.
+    let real = std::fs::canonicalize(dir).with_context(|| format!("cannot find {shown}"))?;
+    let cwd = std::env::current_dir().ok().and_then(|d| std::fs::canonicalize(d).ok());
+    if cwd.as_ref().is_some_and(|c| c.starts_with(&real)) {
+        bail!(
+            "{shown} holds a trace, which fnscope would keep by renaming the folder, but it is (or holds) the \
+             current folder; record into another folder with -o"
+        );
+    }
+    let with_suffix = |suffix: &str| {
+        let mut p = real.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    let old = with_suffix(".old");
+    let older = with_suffix(&format!(".old.{}.removing", std::process::id()));
+    let mut set_aside = None;
+    if std::fs::symlink_metadata(&old).is_ok() {
+        if !old.is_dir() || std::fs::symlink_metadata(&old).is_ok_and(|m| m.file_type().is_symlink()) || !only_trace_entries(&old) {
+            bail!(
+                "{shown} holds a trace, which fnscope keeps as {}, but that exists and holds more than an fnscope \
+                 trace; move it, or record into another folder with -o",
+                old.display()
+            );
+        }
+        // Held while it is set aside, so that no recorder starts into it meanwhile.
+        let lock = lock_dir(&old)?;
+        std::fs::rename(&old, &older).with_context(|| {
+            format!("cannot replace the older trace {}; remove it, or record into another folder with -o", old.display())
+        })?;
+        set_aside = Some(lock);
+    }
+    if let Err(e) = std::fs::rename(&real, &old) {
+        if set_aside.is_some() {
+            let _ = std::fs::rename(&older, &old);
+        }
+        return Err(e).with_context(|| {
+            format!(
+                "cannot keep the trace recorded earlier in {shown} as {} (fnscope renames the folder to keep it); \
+                 move the trace away yourself, or record into another folder with -o",
+                old.display()
+            )
+        });
+    }
+    if set_aside.take().is_some() {
+        if let Err(e) = std::fs::remove_dir_all(&older) {
+            eprintln!("fnscope: warning: cannot remove the older trace set aside as {}: {e}", older.display());
+        }
+    }
+    eprintln!("fnscope: note: the trace recorded earlier in {shown} is kept as {}", old.display());
+    Ok(real)
+}
+
+/// What a trace folder may hold (`record`'s files, an interrupted merge's, a flight
+/// recorder's snapshots): anything else is the user's.
+fn is_trace_entry(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    [fnscope_format::TRACE_FILE, LOCK_FILE, "images", "counts"].contains(&&*name)
+        || name == format!("{}.tmp", fnscope_format::TRACE_FILE)
+        || name.starts_with("snapshot-")
+        || name.starts_with(".snapshot-")
+}
+
+/// Whether every entry of the folder `dir` is one a trace folder holds (so that removing it
+/// loses nothing but a trace).
+fn only_trace_entries(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|d| d.into_iter().all(|e| e.is_ok_and(|e| is_trace_entry(&e.file_name()))))
+}
+
 /// Whether the folder `dir` holds an fnscope trace (or what a recording left of one), or
 /// nothing but a recorder's lock file.
 fn holds_trace_or_nothing(dir: &Path) -> bool {
@@ -354,35 +408,47 @@ fn holds_trace_or_nothing(dir: &Path) -> bool {
 fn lock_dir(dir: &Path) -> Result<std::fs::File> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
     let shown = dir.display();
     let lock_path = dir.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&lock_path)
-        .with_context(|| format!("cannot create {}", lock_path.display()))?;
-    // SAFETY: flock on a file descriptor we own; non-blocking, so it returns at once.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(e).with_context(|| format!("cannot lock {}", lock_path.display()));
+    // Another recorder may move the folder (to DIR.old) between our open and our lock, and
+    // then the lock would be on the moved folder's file: lock again until the file locked is
+    // the one at the path. Each retry means another recorder took a turn, so a few suffice.
+    for _ in 0..8 {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .with_context(|| format!("cannot create {}", lock_path.display()))?;
+        // SAFETY: flock on a file descriptor we own; non-blocking, so it returns at once.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(e).with_context(|| format!("cannot lock {}", lock_path.display()));
+            }
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            let who = match text.trim().parse::<u32>() {
+                Ok(pid) => format!("another `fnscope record` (pid {pid})"),
+                Err(_) => "another `fnscope record`".to_string(),
+            };
+            bail!("{shown} is in use by {who}: wait for it to finish, or record into another folder with -o");
         }
-        let mut text = String::new();
-        let _ = file.read_to_string(&mut text);
-        let who = match text.trim().parse::<u32>() {
-            Ok(pid) => format!("another `fnscope record` (pid {pid})"),
-            Err(_) => "another `fnscope record`".to_string(),
-        };
-        bail!("{shown} is in use by {who}: wait for it to finish, or record into another folder with -o");
+        let held = file.metadata().with_context(|| format!("cannot read {}", lock_path.display()))?;
+        let same = std::fs::metadata(&lock_path).is_ok_and(|m| (m.dev(), m.ino()) == (held.dev(), held.ino()));
+        if !same {
+            continue;
+        }
+        let pid = std::process::id();
+        file.set_len(0)
+            .and_then(|_| file.rewind())
+            .and_then(|_| writeln!(file, "{pid}"))
+            .with_context(|| format!("cannot write {}", lock_path.display()))?;
+        return Ok(file);
     }
-    let pid = std::process::id();
-    file.set_len(0)
-        .and_then(|_| file.rewind())
-        .and_then(|_| writeln!(file, "{pid}"))
-        .with_context(|| format!("cannot write {}", lock_path.display()))?;
-    Ok(file)
+    bail!("{shown} keeps being moved by other recorders; record into another folder with -o")
 }
 
 fn tsc() -> u64 {
@@ -1402,9 +1468,15 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
     let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
     if hooked == 0 {
+        let filters = &opts.filters;
+        let filtered = if filters.filter.is_empty() && filters.exclude.is_empty() {
+            ""
+        } else {
+            " (--filter and --exclude leave some out: check them)"
+        };
         eprintln!(
             "fnscope: warning: no function could be hooked, so no call was recorded; `fnscope funcs {}` lists the functions \
-             found in the program and why each was left out",
+             found in the program and why each was left out{filtered}",
             program.display()
         );
     }

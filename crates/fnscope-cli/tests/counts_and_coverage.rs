@@ -424,6 +424,13 @@ fn nothing_to_hook_is_explained() {
     assert_eq!(r.code, 0, "{}", r.describe());
     assert!(!r.stderr.contains("no function could be hooked"), "{}", r.describe());
     assert!(r.stderr.contains("is stripped"), "{}", r.describe());
+    // A filter that keeps nothing is named as a cause.
+    let trace3 = dir.join("trace3");
+    let r = fnscope_cmd(&["record", "--filter", "no_such_function", "-o", path_str(&trace3), "--", path_str(&full), "3"]);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    for said in ["no function could be hooked", "--filter and --exclude"] {
+        assert!(r.stderr.contains(said), "record does not say {said:?}\n{}", r.describe());
+    }
 }
 
 /// Line of inputs.c where function `name` is defined.

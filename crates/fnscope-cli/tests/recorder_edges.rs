@@ -114,9 +114,74 @@ fn second_recorder_into_the_same_folder_is_refused() {
     assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
     // Recording again did not lose the first recording: it is kept next to the folder, as
     // uftrace keeps uftrace.data.old.
-    let old = dir.join("trace.old");
+    // The note names the real folder (the temporary folder may be reached through a link).
+    let old = fs::canonicalize(dir.path()).unwrap().join("trace.old");
     assert!(third.stderr.contains(&format!("kept as {}", old.display())), "{}", third.describe());
     assert_eq!(calls_of(&report(&old).unwrap(), "waiter", "tick").0, ticks, "the first trace, kept");
+}
+
+/// The trace file of the trace folder `dir`, as bytes (each recording's differ: it holds its
+/// start time).
+fn trace_bytes(dir: &Path) -> Vec<u8> {
+    fs::read(dir.join("trace.fns")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// Recording again keeps the trace recorded before as `FOLDER.old`, and replaces an older
+/// `FOLDER.old` only when it holds nothing but a trace: a file the user put there, or a
+/// folder that cannot be moved, makes `record` refuse and leaves both traces as they were.
+/// The folder kept is the real one, however `-o` names it.
+#[test]
+fn earlier_traces_are_kept_and_nothing_else_is_removed() {
+    let dir = TempDir::new("old");
+    let root = fs::canonicalize(dir.path()).unwrap();
+    let trivial = compile_c_text(&root, "trivial", TRIVIAL);
+    let (trace, old) = (root.join("trace"), root.join("trace.old"));
+    let record = |o: &Path, cwd: &Path| Invocation::new(&trivial, cwd).run_recorded(o);
+    let ok = |r: Run| assert_eq!(r.code, 0, "{}", r.describe());
+
+    ok(record(&trace, &root));
+    let first = trace_bytes(&trace);
+    // A trailing slash names the same folder: it moves to trace.old, not trace/.old.
+    ok(record(&root.join("trace/"), &root));
+    assert_eq!(trace_bytes(&old), first, "the first recording, kept");
+    let second = trace_bytes(&trace);
+    // Through a link: the folder it points to moves, and the link then points to the new one.
+    let link = root.join("link");
+    std::os::unix::fs::symlink(&trace, &link).unwrap();
+    ok(record(&link, &root));
+    assert_eq!(trace_bytes(&old), second, "the second recording replaced the first");
+    assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+    assert_eq!(calls_of(&report(&link).unwrap(), "trivial", "f").0, 1);
+    let third = trace_bytes(&trace);
+
+    // A file of the user's in trace.old: nothing is removed, nothing moves.
+    fs::write(old.join("notes.txt"), "mine").unwrap();
+    let r = record(&trace, &root);
+    let line = assert_one_line_error(&r, "an older trace folder holding a user's file");
+    assert!(line.contains(path_str(&old)) && line.contains("-o"), "names the folder and what to do: {line}");
+    assert_eq!(fs::read_to_string(old.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(trace_bytes(&old), second, "the older trace is untouched");
+    assert_eq!(trace_bytes(&trace), third, "the trace is untouched");
+    fs::remove_file(old.join("notes.txt")).unwrap();
+
+    // Recording into the current folder, which holds a trace: it cannot be renamed.
+    let r = record(Path::new("."), &trace);
+    let line = assert_one_line_error(&r, "-o . in a trace folder");
+    assert!(line.contains("current folder"), "{line}");
+    assert_eq!(trace_bytes(&trace), third, "the trace is untouched");
+
+    // The trace folder cannot be moved (immutable): the older trace, set aside to make room,
+    // is put back.
+    let chattr = |flag: &str| Command::new("chattr").arg(flag).arg(&trace).status().is_ok_and(|s| s.success());
+    assert!(chattr("+i"), "chattr +i {} failed: this test needs ext4 or another file system with the immutable flag", trace.display());
+    let r = record(&trace, &root);
+    assert!(chattr("-i"), "chattr -i {}", trace.display());
+    let line = assert_one_line_error(&r, "a trace folder that cannot be renamed");
+    assert!(line.contains("cannot keep") && line.contains("-o"), "{line}");
+    assert_eq!(trace_bytes(&old), second, "the older trace is back");
+    assert_eq!(trace_bytes(&trace), third, "the trace is untouched");
+    let names: Vec<String> = fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(!names.iter().any(|n| n.contains(".removing")), "nothing left set aside: {names:?}");
 }
 
 /// Item 16: the lock dies with its recorder, so a killed recorder does not block the folder.
