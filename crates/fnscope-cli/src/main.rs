@@ -438,8 +438,14 @@ fn run(cli: Cli) -> Result<i32> {
                 let runs = if flight_mode { flight::snapshot_dirs(&trace).pop().into_iter().collect() } else { vec![trace] };
                 if runs.is_empty() {
                     eprintln!("fnscope: no snapshot was taken: nothing to upload");
-                } else {
-                    server::upload(&server::UploadOptions { server, token, tags }, &runs)?;
+                } else if let Err(e) = server::upload(&server::UploadOptions { server, token, tags }, &runs) {
+                    // How the program ended comes first when it failed (its exit code, or
+                    // its signal, which a caller checks); after a clean exit, the failed
+                    // upload makes the exit code 2, so a script notices it.
+                    eprintln!("fnscope: error: {}; the run stays in {} (`fnscope upload` sends it again)", one_line(&e), runs[0].display());
+                    if out.signal.is_none() && out.exit_code == 0 {
+                        return Ok(2);
+                    }
                 }
             }
             if out.signal.is_some() {

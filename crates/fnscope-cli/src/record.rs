@@ -1190,12 +1190,14 @@ pub fn end_like_the_program(code: i32, signal: Option<i32>) -> ! {
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     if let Some(sig) = signal {
-        // SAFETY: plain system calls on this process: no core limit, the default action for
-        // `sig` (the recorder forwards some signals with a handler of its own), `sig`
-        // unblocked, then raised.
+        // SAFETY: plain system calls on this process: no core limit and not dumpable (a
+        // core_pattern that pipes to a helper such as systemd-coredump may not look at the
+        // limit), the default action for `sig` (the recorder forwards some signals with a
+        // handler of its own), `sig` unblocked, then raised.
         unsafe {
             let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
             libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
             libc::signal(sig, libc::SIG_DFL);
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);

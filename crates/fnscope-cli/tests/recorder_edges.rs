@@ -184,6 +184,32 @@ fn earlier_traces_are_kept_and_nothing_else_is_removed() {
     assert!(!names.iter().any(|n| n.contains(".removing")), "nothing left set aside: {names:?}");
 }
 
+/// A failed `--upload` is said on one line, and `record` still ends as the program ended when
+/// the program failed (its exit code, its signal); after a clean exit it exits with 2.
+#[test]
+fn failed_upload_keeps_how_the_program_ended() {
+    let dir = TempDir::new("upload-fails");
+    let exits = |code: &str| format!("int f(int x) {{ return x + 1; }}\nint main(void) {{ return f({code}); }}\n");
+    let cases = [
+        ("ok", exits("-1"), 2, None),
+        ("fails", exits("2"), 3, None),
+        ("crashes", "int f(volatile int *p) { return *p; }\nint main(void) { return f(0); }\n".to_string(), 139, Some(11)),
+    ];
+    // Port 1 on the loopback: nothing listens, the connection is refused at once.
+    for (name, source, code, signal) in cases {
+        let prog = compile_c_text(dir.path(), name, &source);
+        let trace = dir.join(format!("{name}.trace"));
+        let r = Invocation {
+            record_args: vec!["--upload".into(), "http://127.0.0.1:1".into(), "--token".into(), "t".into()],
+            ..Invocation::new(&prog, dir.path())
+        }
+        .run_recorded(&trace);
+        assert_eq!((r.code, r.signal), (code, signal), "{name}: {}", r.describe());
+        assert!(r.stderr.contains("fnscope: error:") && r.stderr.contains(path_str(&trace)), "{name}: {}", r.describe());
+        assert_eq!(calls_of(&report(&trace).unwrap(), name, "f").0, 1, "{name}: the trace is whole");
+    }
+}
+
 /// Item 16: the lock dies with its recorder, so a killed recorder does not block the folder.
 #[test]
 fn folder_of_a_killed_recorder_can_be_recorded_into() {
