@@ -33,6 +33,7 @@ programs=(
     "backtrace backtrace.cpp -O2 -g -rdynamic"
     "exceptions_static exceptions.cpp -O2 -g -static-libgcc -static-libstdc++"
     "backtrace_static backtrace.cpp -O2 -g -rdynamic -static-libgcc -static-libstdc++"
+    "backtrace_signal backtrace_signal.c -O2 -g -rdynamic"
     "jumps jumps.c -O2 -g"
     "signals signals.c -O2 -g"
     "fork fork.c -O2 -g"

@@ -433,6 +433,22 @@ pub fn is_mapped(addr: u64) -> bool {
     r != -ENOMEM
 }
 
+/// The calling thread's alternate signal stack, `[lo, hi)`, if it has one.
+pub fn alt_stack() -> Option<(u64, u64)> {
+    const SYS_SIGALTSTACK: usize = 131;
+    const SS_DISABLE: i32 = 2;
+    #[repr(C)]
+    struct StackT {
+        sp: u64,
+        flags: i32,
+        size: usize,
+    }
+    let mut old = StackT { sp: 0, flags: 0, size: 0 };
+    // SAFETY: with no new stack, sigaltstack only writes the current one into `old`.
+    let r = unsafe { syscall6(SYS_SIGALTSTACK, 0, &mut old as *mut StackT as usize, 0, 0, 0, 0) };
+    (r == 0 && old.flags & SS_DISABLE == 0 && old.size > 0).then(|| (old.sp, old.sp + old.size as u64))
+}
+
 /// Opens a file read-write; returns the descriptor.
 pub fn open_rw(path: &std::path::Path) -> Result<usize, Errno> {
     const O_RDWR: usize = 2;

@@ -65,6 +65,10 @@ pub struct ThreadState {
     /// The frame of shadow entry `e` (below `args_limit`) is at `(e << 4) + args_delta`: the
     /// stubs find it in two instructions.
     pub args_delta: u64,
+    /// The frames were disarmed for a backtrace whose walk starts below this stack address
+    /// (0: none pending): they are re-armed once a call enters from above it, when the walk
+    /// is over (see [`backtrace_begins`]).
+    pub walk_sp: u64,
 }
 
 /// Entries removed as gone that a thread remembers.
@@ -157,6 +161,7 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     args_base: 0,
     args_limit: 0,
     args_delta: 0,
+    walk_sp: 0,
 }));
 
 fn disabled() -> *mut ThreadState {
@@ -405,19 +410,31 @@ fn in_function(id: u64, addr: u64) -> bool {
 /// call), so its frame is gone (a `longjmp` or an exception left it, and the thread now calls
 /// from as high up the stack or higher). Such entries, on
 /// the thread's own stack, are recorded as unwound and removed; the stub then enters the call
-/// again (returns 1). Entries on another stack (a coroutine's) stay, and the call is entered
-/// above them (returns 0).
+/// again (returns 1); so are entries on the thread's signal stack, none of which is live
+/// while the thread runs on its own stack. Entries on another stack (a coroutine's) stay, and
+/// the call is entered above them (returns 0). Frames a backtrace disarmed get their exit
+/// stub back here once its walk is over.
 #[no_mangle]
 extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u32 {
     let now = stubs::tsc();
     // SAFETY: the entry stub passes this thread's state and the entry it reserved; entries
     // below it are initialised. A signal handler that ran since pushed and popped above it.
     unsafe {
-        let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
-        let on_stack = |a: u64| a >= lo && a < hi;
-        if !on_stack(rsp) {
+        let own = Range((*st).stack_lo, (*st).stack_hi);
+        // Asked only when needed: a system call.
+        let mut alt_asked = None;
+        let mut alt = || *alt_asked.get_or_insert_with(|| sys::alt_stack().map_or(Range(0, 0), |(lo, hi)| Range(lo, hi)));
+        // The stack this call runs on: the thread's own, or its signal stack (a handler's
+        // calls there end and leave as on any stack); on another (a coroutine's), nothing is
+        // decided.
+        let on_own = own.holds(rsp);
+        let here = if on_own {
+            own
+        } else if alt().holds(rsp) {
+            alt()
+        } else {
             return 0;
-        }
+        };
         let base = (*st).ss_base;
         let ret = read_volatile(rsp as *const u64);
         let tail_call = ret == stubs::fnscope_exit as *const () as u64 || ret == stubs::fnscope_exit_args as *const () as u64;
@@ -426,10 +443,12 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             let e = (k - 32) as *const ShadowEntry;
             // A frame that calls from above its own return slot (libffi's ffi_call_unix64 builds
             // a frame in memory its caller reserved) is alive: the call returns into its code.
-            let dead = if on_stack((*e).slot) {
+            // Running on the thread's own stack, no frame on its signal stack is live: the
+            // handler has returned or jumped out (or left calls a backtrace disarmed).
+            let dead = if here.holds((*e).slot) {
                 ((*e).slot < rsp && !in_function((*e).id & 0xffff_ffff, ret)) || ((*e).slot == rsp && !tail_call)
             } else {
-                gone_stack((*e).slot)
+                (on_own && alt().holds((*e).slot)) || gone_stack((*e).slot)
             };
             if !dead {
                 break;
@@ -450,7 +469,27 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             emit_closed(st, p, now);
         }
         write_volatile(addr_of_mut!((*st).ss_top), k);
+        // A backtrace's walk is over once a call enters from above its start on the same
+        // stack, or runs on the thread's own stack after a walk on the signal stack. Not while
+        // an exception is in flight: its unwinder needs the real return addresses, and its
+        // catch re-arms.
+        let walk = (*st).walk_sp;
+        let walk_over = walk != 0 && if here.holds(walk) { rsp > walk } else { on_own && alt().holds(walk) };
+        if walk_over && (*st).unwinding == 0 {
+            (*st).walk_sp = 0;
+            set_return_addresses(st, true);
+        }
         1
+    }
+}
+
+/// A stack's address range, `[lo, hi)`.
+#[derive(Clone, Copy)]
+struct Range(u64, u64);
+
+impl Range {
+    fn holds(self, a: u64) -> bool {
+        a >= self.0 && a < self.1
     }
 }
 
@@ -1002,15 +1041,41 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
     }
 }
 
-/// Something is about to walk this thread's stack by return address (Mono's stack traces and
-/// caller lookups, the unwinder's `_Unwind_Backtrace`): every hooked frame gets its real
-/// return address back, for good. Those calls then return without passing the exit stub;
-/// each is recorded as unwound when the next hooked entry or exit finds it gone (counts stay
-/// exact, their ends are late).
+/// A managed runtime is about to walk this thread's stack by return address (Mono's stack
+/// traces and caller lookups, which may run again later with no hook to tell): every hooked
+/// frame gets its real return address back, for good. Those calls then return without
+/// passing the exit stub; each is recorded as unwound when the next hooked entry or exit
+/// finds it gone (counts stay exact, their ends are late).
 pub fn disarm() {
     let Some(st) = current() else { return };
     // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
     unsafe { set_return_addresses(st, false) };
+}
+
+/// The unwinder's `_Unwind_Backtrace` (behind glibc's `backtrace` and Rust's
+/// `std::backtrace`), entered with its return address at `rsp`, is about to walk this
+/// thread's stack by return address: every hooked frame gets its real return address back.
+/// The walk only reads the stack and ends when `_Unwind_Backtrace` returns, so the frames
+/// still live then get their exit stub back at the first entry that finds a gone frame from
+/// above `rsp` ([`fnscope_entry_dead`]): only the calls that returned in between (the
+/// walk's own callers, often) get late ends. Calls its callback makes are traced as usual.
+pub fn backtrace_begins(rsp: u64) {
+    let Some(st) = current() else { return };
+    // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
+    unsafe {
+        set_return_addresses(st, false);
+        // One walk is remembered: the outermost on the thread's own stack (a walk on the
+        // signal stack during it is over before it is), else the outermost elsewhere.
+        let own = Range((*st).stack_lo, (*st).stack_hi);
+        let w = (*st).walk_sp;
+        (*st).walk_sp = if w == 0 || (own.holds(rsp) && !own.holds(w)) {
+            rsp
+        } else if own.holds(w) && !own.holds(rsp) {
+            w
+        } else {
+            w.max(rsp)
+        };
+    }
 }
 
 /// Exception `exception` was caught by code whose stack pointer is `caller_rsp`. When no
@@ -1026,7 +1091,12 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
         }
         let now = stubs::tsc();
         pop_below(st, caller_rsp, now);
-        set_return_addresses(st, true);
+        // Caught inside a backtrace's callback: the walk goes on above and needs the real
+        // return addresses; the frames are re-armed when it is over.
+        if (*st).walk_sp == 0 || caller_rsp > (*st).walk_sp {
+            (*st).walk_sp = 0;
+            set_return_addresses(st, true);
+        }
     }
 }
 

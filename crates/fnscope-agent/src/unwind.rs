@@ -8,8 +8,9 @@
 //! (`__cxa_begin_catch`) records the frames that are gone and re-arms the live ones
 //! ([`crate::thread::unwind_caught`]). A walk that only reads the stack (`_Unwind_Backtrace`,
 //! behind glibc's `backtrace` and Rust's `std::backtrace`) gives every hooked frame its return
-//! address back for good ([`crate::thread::disarm`]): the program's backtraces stay whole,
-//! and the calls open then get late ends (recorded as unwound) instead of exact ones.
+//! address back until the walk is over ([`crate::thread::backtrace_begins`]): the program's
+//! backtraces stay whole, and only the calls that return before the frames are re-armed get
+//! late ends (recorded as unwound) instead of exact ones.
 
 use crate::hook::{self, Loaded};
 use crate::plan_cache;
@@ -19,13 +20,14 @@ use crate::thread;
 const KIND_BEGIN: u32 = 1;
 /// Pre-hook kind: an exception is caught.
 const KIND_CAUGHT: u32 = 2;
-/// Pre-hook kind: a stack walk by return address starts: Mono's (see [`crate::mono`]) or the
-/// unwinder's backtrace.
+/// Pre-hook kind: Mono starts a stack walk by return address (see [`crate::mono`]).
 pub const KIND_WALK: u32 = 3;
+/// Pre-hook kind: the unwinder's backtrace starts.
+const KIND_BACKTRACE: u32 = 4;
 
 const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
 const CAUGHT: &[&str] = &["__cxa_begin_catch"];
-const WALK: &[&str] = &["_Unwind_Backtrace"];
+const BACKTRACE: &[&str] = &["_Unwind_Backtrace"];
 
 /// Called by `fnscope_prehook` with the kind, the stack pointer at the hooked function's
 /// entry (pointing at its return address) and its first argument: the `_Unwind_Exception`
@@ -36,13 +38,14 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
         KIND_BEGIN => thread::unwind_begins(rsp, exception),
         KIND_CAUGHT => thread::unwind_caught(rsp + 8, exception),
         KIND_WALK => thread::disarm(),
+        KIND_BACKTRACE => thread::backtrace_begins(rsp),
         _ => {}
     }
 }
 
 /// The pre-hook kind of the unwinder entry point `name`, if it is one.
 fn kind_of(name: &str) -> Option<u32> {
-    [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (WALK, KIND_WALK)]
+    [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (BACKTRACE, KIND_BACKTRACE)]
         .into_iter()
         .find_map(|(names, kind)| names.contains(&name).then_some(kind))
 }
@@ -74,7 +77,7 @@ pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
         Some(main) if !hook::never_hook(&main.path, main) => own_copies(main),
         _ => Vec::new(),
     };
-    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (WALK, KIND_WALK)] {
+    for (names, kind) in [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (BACKTRACE, KIND_BACKTRACE)] {
         for name in names {
             let c = std::ffi::CString::new(*name).expect("static name without NUL");
             // SAFETY: dlsym with RTLD_DEFAULT and a valid C string only looks a symbol up.

@@ -589,10 +589,49 @@ fn destructors_run_by_the_programs_own_unwinder() {
 fn backtraces_see_every_frame() {
     // glibc's backtrace() through hooked frames: it used to stop at the first one (2 frames
     // instead of 7), and the program's output changed with it. -rdynamic names the frames.
-    check_case(&Case {
+    let out = check_case(&Case {
         flags: &["-O2", "-g", "-rdynamic"],
         ..Case::new("backtrace.cpp", "backtrace")
     });
+    // The frames are re-armed once each walk is over: only walk() and its two callers, which
+    // return before the next hooked entry, end late; main's end is exact.
+    let late = unwound_calls(&out.trace);
+    assert_eq!(late.iter().filter(|n| n.as_str() != "main").count(), 9, "{late:?}");
+    assert!(!late.iter().any(|n| n == "main"), "main's end is late: {late:?}");
+}
+
+/// The names of the calls `replay` shows as unwound (ended late), one per call.
+fn unwound_calls(trace: &Path) -> Vec<String> {
+    let r = fnscope_cmd(&["replay", "-i", path_str(trace)]);
+    assert_eq!(r.code, 0, "replay failed\n{}", r.describe());
+    r.stdout
+        .lines()
+        .filter_map(|l| {
+            let inside = l.split_once("/* ")?.1.strip_suffix(", unwound */").or_else(|| l.ends_with("/* unwound */").then_some(""))?;
+            let name = if inside.is_empty() { l.split_once("| ")?.1.trim().split('(').next()? } else { inside };
+            Some(name.split('(').next().unwrap_or(name).trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn backtraces_from_signal_handlers() {
+    // backtrace() in a handler on the same stack, on a signal stack, and in a SIGSEGV handler
+    // that ends the process: the walks see every frame, and the interrupted calls get their
+    // exit stub back once each walk is over (their ends are exact).
+    let out = check_case(&Case {
+        flags: &["-O2", "-g", "-rdynamic"],
+        code: 7,
+        ..Case::new("backtrace_signal.c", "backtrace_signal")
+    });
+    let late = unwound_calls(&out.trace);
+    let count = |name: &str| late.iter().filter(|n| n.as_str() == name).count();
+    // note_walk returns before the next hooked entry, in all 7 walks; the crash handler's
+    // walk is the last thing the process does, so the calls open then end with it.
+    assert_eq!(count("note_walk"), 7, "{late:?}");
+    for name in ["outer", "middle", "inner", "on_usr1", "handler_work", "between"] {
+        assert_eq!(count(name), 0, "{name} ended late: {late:?}");
+    }
 }
 
 #[test]
