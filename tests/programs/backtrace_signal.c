@@ -4,11 +4,13 @@
  *     the stack (through the signal frame into the interrupted frames), calls a hooked
  *     function, and returns; the interrupted calls then return normally;
  *  2. the same with the handler on an alternate signal stack;
- *  3. a SIGSEGV from 3 hooked frames deep whose handler walks the stack, prints what it saw
+ *  3. on the alternate stack again, with a handler that only walks;
+ *  4. a SIGSEGV from 3 hooked frames deep whose handler walks the stack, prints what it saw
  *     and the counts, and ends the process with _exit(7), as crash reporters do.
- * The program prints how many frames each walk saw and which hooked functions were among
- * them: the same traced and natively. The calls made between the walks (`between`) and after
- * them must be counted exactly, and the traced program must not crash elsewhere.
+ * The program prints how many frames each walk saw and how many of the hooked functions
+ * below the handler were among them: the same traced and natively. The calls made between
+ * the walks (`between`) must be counted exactly, each a call of main's, and the traced
+ * program must not crash elsewhere.
  */
 #include <execinfo.h>
 #include <signal.h>
@@ -25,10 +27,12 @@ COUNTER(handler_work);
 COUNTER(between);
 COUNTER(crash_outer);
 COUNTER(crash_inner);
+COUNTER(on_usr1);
+COUNTER(only_walk);
 
 static volatile long sink;
 static volatile int *volatile nowhere;
-static char walks[512];
+static char walks[1024];
 
 /* How many frames a walk saw, and whether the hooked ones below the handler are among them. */
 static void note_walk(const char *what)
@@ -54,10 +58,17 @@ NOINLINE long handler_work(long x)
     return x * 7 + 1;
 }
 
-static void on_usr1(int sig)
+NOINLINE static void on_usr1(int sig)
 {
+    HIT(on_usr1);
     note_walk(sig == SIGUSR1 ? "handler" : "?");
     sink += handler_work(sig);
+}
+
+NOINLINE static void only_walk(int sig)
+{
+    HIT(only_walk);
+    note_walk(sig == SIGUSR1 ? "walking handler" : "?");
 }
 
 NOINLINE long inner(long x)
@@ -85,6 +96,18 @@ NOINLINE long between(long x)
     return x * 2 + 1;
 }
 
+/* Inlined, so that `between` is called by main itself. */
+static inline __attribute__((always_inline)) long three_rounds(void)
+{
+    long sum = 0;
+    for (int i = 0; i < 3; i++) {
+        sum += outer(i);
+        for (int j = 0; j < 50; j++)
+            sum += between(j);
+    }
+    return sum;
+}
+
 static void print_counts(void)
 {
     fputs(walks, stdout);
@@ -94,6 +117,8 @@ static void print_counts(void)
     PRINT_COUNT(inner);
     PRINT_COUNT(handler_work);
     PRINT_COUNT(between);
+    PRINT_COUNT(on_usr1);
+    PRINT_COUNT(only_walk);
     PRINT_COUNT(crash_outer);
     PRINT_COUNT(crash_inner);
 }
@@ -125,21 +150,16 @@ int main(void)
     sa.sa_handler = on_usr1;
     sigaction(SIGUSR1, &sa, NULL);
     long sum = 0;
-    for (int i = 0; i < 3; i++) {
-        sum += outer(i);
-        for (int j = 0; j < 50; j++)
-            sum += between(j);
-    }
+    sum += three_rounds();
     static char alt[1 << 16];
     stack_t ss = {.ss_sp = alt, .ss_size = sizeof alt, .ss_flags = 0};
     sigaltstack(&ss, NULL);
     sa.sa_flags = SA_ONSTACK;
     sigaction(SIGUSR1, &sa, NULL);
-    for (int i = 0; i < 3; i++) {
-        sum += outer(i);
-        for (int j = 0; j < 50; j++)
-            sum += between(j);
-    }
+    sum += three_rounds();
+    sa.sa_handler = only_walk;
+    sigaction(SIGUSR1, &sa, NULL);
+    sum += three_rounds();
     printf("sum %ld\n", sum);
     sa.sa_handler = on_segv;
     sa.sa_flags = 0;

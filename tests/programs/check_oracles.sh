@@ -34,6 +34,7 @@ programs=(
     "exceptions_static exceptions.cpp -O2 -g -static-libgcc -static-libstdc++"
     "backtrace_static backtrace.cpp -O2 -g -rdynamic -static-libgcc -static-libstdc++"
     "backtrace_signal backtrace_signal.c -O2 -g -rdynamic"
+    "backtrace_async backtrace_async.c -O2 -g"
     "jumps jumps.c -O2 -g"
     "signals signals.c -O2 -g"
     "fork fork.c -O2 -g"

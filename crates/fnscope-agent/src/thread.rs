@@ -65,10 +65,30 @@ pub struct ThreadState {
     /// The frame of shadow entry `e` (below `args_limit`) is at `(e << 4) + args_delta`: the
     /// stubs find it in two instructions.
     pub args_delta: u64,
-    /// The frames were disarmed for a backtrace whose walk starts below this stack address
-    /// (0: none pending): they are re-armed once a call enters from above it, when the walk
-    /// is over (see [`backtrace_begins`]).
+    /// Where the pending backtrace's walk starts: the slot of `_Unwind_Backtrace`'s return
+    /// address (0: none pending). See [`backtrace_begins`].
     pub walk_sp: u64,
+    /// The return address `walk_sp` held when the walk began: while it still holds it, the
+    /// walk may be running.
+    pub walk_ret: u64,
+    /// How many of `rearm` are in use.
+    pub rearm_n: u32,
+    /// The entries a backtrace disarmed, as they were then: only these get their exit stub
+    /// back after the walk, and only while their entry is still there unchanged.
+    pub rearm: [Disarmed; REARM],
+}
+
+/// Entries a backtrace remembers to re-arm; deeper ones stay disarmed (their ends are late).
+pub const REARM: usize = 32;
+
+/// A shadow entry disarmed by a backtrace: where it was and what it held.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Disarmed {
+    /// Address of the entry on the shadow stack.
+    pub at: u64,
+    /// The entry as it was.
+    pub entry: ShadowEntry,
 }
 
 /// Entries removed as gone that a thread remembers.
@@ -162,6 +182,9 @@ static DISABLED: Disabled = Disabled(core::cell::UnsafeCell::new(ThreadState {
     args_limit: 0,
     args_delta: 0,
     walk_sp: 0,
+    walk_ret: 0,
+    rearm_n: 0,
+    rearm: [Disarmed { at: 0, entry: ShadowEntry { ret: 0, t_entry: 0, id: 0, slot: 0 } }; REARM],
 }));
 
 fn disabled() -> *mut ThreadState {
@@ -360,6 +383,7 @@ unsafe fn disarm_all(st: *mut ThreadState, sp: u64) {
             (*st).ss_top -= 32;
         }
         set_return_addresses(st, false);
+        forget_walk(st);
         write_volatile(addr_of_mut!((*st).ss_top), (*st).ss_base);
     }
 }
@@ -410,10 +434,10 @@ fn in_function(id: u64, addr: u64) -> bool {
 /// call), so its frame is gone (a `longjmp` or an exception left it, and the thread now calls
 /// from as high up the stack or higher). Such entries, on
 /// the thread's own stack, are recorded as unwound and removed; the stub then enters the call
-/// again (returns 1); so are entries on the thread's signal stack, none of which is live
-/// while the thread runs on its own stack. Entries on another stack (a coroutine's) stay, and
-/// the call is entered above them (returns 0). Frames a backtrace disarmed get their exit
-/// stub back here once its walk is over.
+/// again (returns 1); so are entries on the thread's signal stack whose slot no longer holds
+/// the exit stub. Entries on another stack (a coroutine's) stay, and the call is entered
+/// above them (returns 0); so does a call that runs on another stack (a signal handler's).
+/// Frames a backtrace disarmed get their exit stub back here once its walk is over.
 #[no_mangle]
 extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u32 {
     let now = stubs::tsc();
@@ -421,34 +445,28 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
     // below it are initialised. A signal handler that ran since pushed and popped above it.
     unsafe {
         let own = Range((*st).stack_lo, (*st).stack_hi);
-        // Asked only when needed: a system call.
-        let mut alt_asked = None;
-        let mut alt = || *alt_asked.get_or_insert_with(|| sys::alt_stack().map_or(Range(0, 0), |(lo, hi)| Range(lo, hi)));
-        // The stack this call runs on: the thread's own, or its signal stack (a handler's
-        // calls there end and leave as on any stack); on another (a coroutine's), nothing is
-        // decided.
-        let on_own = own.holds(rsp);
-        let here = if on_own {
-            own
-        } else if alt().holds(rsp) {
-            alt()
-        } else {
+        if !own.holds(rsp) {
             return 0;
-        };
+        }
         let base = (*st).ss_base;
         let ret = read_volatile(rsp as *const u64);
         let tail_call = ret == stubs::fnscope_exit as *const () as u64 || ret == stubs::fnscope_exit_args as *const () as u64;
+        // Asked only when needed: a system call.
+        let mut alt_asked = None;
+        let mut alt = || *alt_asked.get_or_insert_with(|| sys::alt_stack().map_or(Range(0, 0), |(lo, hi)| Range(lo, hi)));
         let mut k = slot;
         while k > base {
             let e = (k - 32) as *const ShadowEntry;
             // A frame that calls from above its own return slot (libffi's ffi_call_unix64 builds
             // a frame in memory its caller reserved) is alive: the call returns into its code.
-            // Running on the thread's own stack, no frame on its signal stack is live: the
-            // handler has returned or jumped out (or left calls a backtrace disarmed).
-            let dead = if here.holds((*e).slot) {
+            // Running on the thread's own stack, a frame on its signal stack whose slot no
+            // longer holds the exit stub is gone: the handler returned (after a backtrace
+            // disarmed it) or jumped out. One whose slot does may be a handler's context that
+            // a scheduler switched away from, to resume later: it stays.
+            let dead = if own.holds((*e).slot) {
                 ((*e).slot < rsp && !in_function((*e).id & 0xffff_ffff, ret)) || ((*e).slot == rsp && !tail_call)
             } else {
-                (on_own && alt().holds((*e).slot)) || gone_stack((*e).slot)
+                gone_stack((*e).slot) || (alt().holds((*e).slot) && !holds_exit_stub((*e).slot))
             };
             if !dead {
                 break;
@@ -469,15 +487,16 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             emit_closed(st, p, now);
         }
         write_volatile(addr_of_mut!((*st).ss_top), k);
-        // A backtrace's walk is over once a call enters from above its start on the same
-        // stack, or runs on the thread's own stack after a walk on the signal stack. Not while
-        // an exception is in flight: its unwinder needs the real return addresses, and its
-        // catch re-arms.
+        // Their places will hold new entries, maybe alike (the same call again): the disarmed
+        // ones among them must not be mistaken for those.
+        keep_disarmed_below(st, k);
+        // A backtrace's walk is over once a call enters from above its start on the thread's
+        // own stack, or runs there after a walk on the signal stack. Not while an exception
+        // is in flight: its unwinder needs the real return addresses, and its catch re-arms.
         let walk = (*st).walk_sp;
-        let walk_over = walk != 0 && if here.holds(walk) { rsp > walk } else { on_own && alt().holds(walk) };
+        let walk_over = walk != 0 && if own.holds(walk) { rsp > walk } else { alt().holds(walk) };
         if walk_over && (*st).unwinding == 0 {
-            (*st).walk_sp = 0;
-            set_return_addresses(st, true);
+            rearm_after_walk(st);
         }
         1
     }
@@ -490,6 +509,86 @@ struct Range(u64, u64);
 impl Range {
     fn holds(self, a: u64) -> bool {
         a >= self.0 && a < self.1
+    }
+}
+
+/// Whether the stack slot `slot` (mapped) holds one of the exit stubs.
+///
+/// # Safety
+/// `slot` must be readable.
+unsafe fn holds_exit_stub(slot: u64) -> bool {
+    // SAFETY: per the caller's guarantee.
+    let v = unsafe { read_volatile(slot as *const u64) };
+    v == stubs::fnscope_exit as *const () as u64 || v == stubs::fnscope_exit_args as *const () as u64
+}
+
+/// Forgets the pending backtrace and the entries it disarmed: those stay disarmed.
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn forget_walk(st: *mut ThreadState) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        (*st).walk_sp = 0;
+        (*st).rearm_n = 0;
+    }
+}
+
+/// Forgets the disarmed entries at or above `top` (removed from the shadow stack).
+///
+/// # Safety
+/// `st` must be the calling thread's state.
+unsafe fn keep_disarmed_below(st: *mut ThreadState, top: u64) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        let n = ((*st).rearm_n as usize).min(REARM);
+        let list = &mut (*st).rearm;
+        let mut kept = 0;
+        for i in 0..n {
+            if list[i].at < top {
+                list[kept] = list[i];
+                kept += 1;
+            }
+        }
+        (*st).rearm_n = kept as u32;
+    }
+}
+
+/// The backtrace's walk is over: the entries it disarmed that are still on the shadow stack,
+/// unchanged, and whose slot still holds their real return address get the exit stub back.
+/// Only those: an entry that was not disarmed by the walk may be one whose stub a signal
+/// interrupted (an exit stub that already put the real return address back, an entry stub
+/// whose new entry is not written yet), where writing the exit stub would send the return
+/// astray.
+///
+/// # Safety
+/// `st` must be the calling thread's state, with the entries of gone frames removed.
+unsafe fn rearm_after_walk(st: *mut ThreadState) {
+    // SAFETY: per the caller's guarantee; each entry is read only below `ss_top`, and a slot
+    // is written only when it holds the return address the unchanged entry saved, i.e. it is
+    // that live frame's return slot (as in `set_return_addresses`).
+    unsafe {
+        let n = ((*st).rearm_n as usize).min(REARM);
+        let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
+        let top = read_volatile(addr_of_mut!((*st).ss_top));
+        for d in &(&(*st).rearm)[..n] {
+            if d.at < (*st).ss_base || d.at >= top {
+                continue;
+            }
+            let e = core::ptr::read(d.at as *const ShadowEntry);
+            let same = e.ret == d.entry.ret && e.slot == d.entry.slot && e.t_entry == d.entry.t_entry && e.id == d.entry.id;
+            // Frames on other stacks (a signal handler's, a coroutine's) may be gone with
+            // their stack memory still mapped: they stay disarmed.
+            if !same || e.slot < lo || e.slot >= hi {
+                continue;
+            }
+            let slot = e.slot as *mut u64;
+            if read_volatile(slot) == e.ret {
+                let exit = if e.id & crate::args::ARGS_ENTRY != 0 { stubs::fnscope_exit_args } else { stubs::fnscope_exit };
+                write_volatile(slot, exit as *const () as u64);
+            }
+        }
+        forget_walk(st);
     }
 }
 
@@ -860,6 +959,7 @@ unsafe fn pop_unwound(st: *mut ThreadState, now: u64) {
         let top = read_volatile(addr_of_mut!((*st).ss_top)) - 32;
         emit_closed(st, top, now);
         write_volatile(addr_of_mut!((*st).ss_top), top);
+        forget_walk(st);
     }
 }
 
@@ -934,6 +1034,8 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
                 break;
             }
         }
+        // Entries move below: the frames a backtrace disarmed stay so (their ends are late).
+        forget_walk(st);
         let matched = core::ptr::read(k as *const ShadowEntry);
         let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
         let on_stack = |a: u64| a >= lo && a < hi;
@@ -1002,6 +1104,8 @@ pub fn unwind_begins(rsp: u64, exception: u64) {
         }
         pop_below(st, rsp, now);
         set_return_addresses(st, false);
+        // The catch re-arms every live frame.
+        forget_walk(st);
     }
 }
 
@@ -1011,6 +1115,15 @@ pub fn unwind_begins(rsp: u64, exception: u64) {
 /// # Safety
 /// `st` must be the calling thread's state, and its entries' slots must be live frames.
 unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
+    // SAFETY: per the caller's guarantee.
+    unsafe { set_return_addresses_noting(st, armed, |_| {}) }
+}
+
+/// [`set_return_addresses`], calling `changed` with each entry whose slot it wrote.
+///
+/// # Safety
+/// As for [`set_return_addresses`].
+unsafe fn set_return_addresses_noting(st: *mut ThreadState, armed: bool, mut changed: impl FnMut(*const ShadowEntry)) {
     let plain = stubs::fnscope_exit as *const () as u64;
     let with_args = stubs::fnscope_exit_args as *const () as u64;
     // SAFETY: per the caller's guarantee; a slot is only written when it holds the value this
@@ -1034,8 +1147,10 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
             // be the other kind than the caller's.
             if armed && now == (*e).ret {
                 write_volatile(slot, exit);
+                changed(e);
             } else if !armed && (now == plain || now == with_args) {
                 write_volatile(slot, (*e).ret);
+                changed(e);
             }
         }
     }
@@ -1049,7 +1164,10 @@ unsafe fn set_return_addresses(st: *mut ThreadState, armed: bool) {
 pub fn disarm() {
     let Some(st) = current() else { return };
     // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
-    unsafe { set_return_addresses(st, false) };
+    unsafe {
+        set_return_addresses(st, false);
+        forget_walk(st);
+    }
 }
 
 /// The unwinder's `_Unwind_Backtrace` (behind glibc's `backtrace` and Rust's
@@ -1061,20 +1179,34 @@ pub fn disarm() {
 /// walk's own callers, often) get late ends. Calls its callback makes are traced as usual.
 pub fn backtrace_begins(rsp: u64) {
     let Some(st) = current() else { return };
-    // SAFETY: `st` is this thread's state and its entries' slots are its live frames.
+    // SAFETY: `st` is this thread's state and its entries' slots are its live frames; `rsp`
+    // points at `_Unwind_Backtrace`'s return address.
     unsafe {
-        set_return_addresses(st, false);
+        // The walk is noted before any frame is disarmed: a signal handler that runs in
+        // between must not take an older walk's end for this one's.
         // One walk is remembered: the outermost on the thread's own stack (a walk on the
         // signal stack during it is over before it is), else the outermost elsewhere.
         let own = Range((*st).stack_lo, (*st).stack_hi);
         let w = (*st).walk_sp;
-        (*st).walk_sp = if w == 0 || (own.holds(rsp) && !own.holds(w)) {
+        let start = if w == 0 || (own.holds(rsp) && !own.holds(w)) {
             rsp
         } else if own.holds(w) && !own.holds(rsp) {
             w
         } else {
             w.max(rsp)
         };
+        if start != w {
+            (*st).walk_ret = read_volatile(start as *const u64);
+        }
+        write_volatile(addr_of_mut!((*st).walk_sp), start);
+        let mut n = (*st).rearm_n as usize;
+        set_return_addresses_noting(st, false, |e| {
+            if n < REARM {
+                (*st).rearm[n] = Disarmed { at: e as u64, entry: core::ptr::read(e) };
+                n += 1;
+                (*st).rearm_n = n as u32;
+            }
+        });
     }
 }
 
@@ -1091,11 +1223,18 @@ pub fn unwind_caught(caller_rsp: u64, exception: u64) {
         }
         let now = stubs::tsc();
         pop_below(st, caller_rsp, now);
-        // Caught inside a backtrace's callback: the walk goes on above and needs the real
-        // return addresses; the frames are re-armed when it is over.
-        if (*st).walk_sp == 0 || caller_rsp > (*st).walk_sp {
-            (*st).walk_sp = 0;
+        // Caught inside a backtrace's callback (on the walk's stack, below its start, whose
+        // slot still holds `_Unwind_Backtrace`'s return address): the walk goes on above and
+        // needs the real return addresses; the frames are re-armed when it is over.
+        let walk = (*st).walk_sp;
+        let own = Range((*st).stack_lo, (*st).stack_hi);
+        let in_walk = walk != 0
+            && own.holds(walk) == own.holds(caller_rsp)
+            && caller_rsp < walk
+            && (!own.holds(walk) || read_volatile(walk as *const u64) == (*st).walk_ret);
+        if !in_walk {
             set_return_addresses(st, true);
+            forget_walk(st);
         }
     }
 }

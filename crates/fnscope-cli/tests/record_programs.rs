@@ -615,6 +615,13 @@ fn unwound_calls(trace: &Path) -> Vec<String> {
 }
 
 #[test]
+fn backtraces_from_signals_that_land_anywhere() {
+    // The handler's walk and the re-arming after it, with the signal cutting the tool's
+    // entry and exit code short: the returns must all go where they should.
+    check_case(&Case::new("backtrace_async.c", "backtrace_async"));
+}
+
+#[test]
 fn backtraces_from_signal_handlers() {
     // backtrace() in a handler on the same stack, on a signal stack, and in a SIGSEGV handler
     // that ends the process: the walks see every frame, and the interrupted calls get their
@@ -626,20 +633,30 @@ fn backtraces_from_signal_handlers() {
     });
     let late = unwound_calls(&out.trace);
     let count = |name: &str| late.iter().filter(|n| n.as_str() == name).count();
-    // note_walk returns before the next hooked entry, in all 7 walks; the crash handler's
-    // walk is the last thing the process does, so the calls open then end with it.
-    assert_eq!(count("note_walk"), 7, "{late:?}");
-    for name in ["outer", "middle", "inner", "on_usr1", "handler_work", "between"] {
-        assert_eq!(count(name), 0, "{name} ended late: {late:?}");
+    // note_walk returns before the next hooked entry, in all 10 walks. After a walk on the
+    // signal stack, the frames are re-armed only once the thread runs on its own stack
+    // again, when the interrupted calls have returned: in those 6 rounds they end late. The
+    // crash handler's walk is the last thing the process does, so the calls open then end
+    // with it.
+    assert_eq!(count("note_walk"), 10, "{late:?}");
+    for (name, n) in [("only_walk", 3), ("on_usr1", 3), ("outer", 6), ("middle", 6), ("inner", 6), ("handler_work", 0), ("between", 0)] {
+        assert_eq!(count(name), n, "{name}: {late:?}");
     }
+    // The handlers' calls on the signal stack are gone once main runs again: the calls
+    // after them are main's, not theirs.
+    let depths = replay_depths(&out.trace, "between");
+    assert!(depths.len() == 450 && depths.iter().all(|&d| d == 1), "{depths:?}");
 }
 
 #[test]
 fn backtraces_by_the_programs_own_unwinder_see_every_frame() {
-    check_case(&Case {
+    let out = check_case(&Case {
         flags: &["-O2", "-g", "-rdynamic", "-static-libgcc", "-static-libstdc++"],
         ..Case::new("backtrace.cpp", "backtrace_static")
     });
+    // Its own _Unwind_Backtrace walks first each time: the frames are re-armed after it too.
+    let late = unwound_calls(&out.trace);
+    assert!(!late.iter().any(|n| n == "main"), "main's end is late: {late:?}");
 }
 
 /// The nesting depth of every call of `name` in `fnscope replay`'s tree (0 = outermost).
