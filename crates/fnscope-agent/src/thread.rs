@@ -496,7 +496,7 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
         let walk = (*st).walk_sp;
         let walk_over = walk != 0 && if own.holds(walk) { rsp > walk } else { alt().holds(walk) };
         if walk_over && (*st).unwinding == 0 {
-            rearm_after_walk(st);
+            rearm_after_walk(st, ret);
         }
         1
     }
@@ -555,15 +555,18 @@ unsafe fn keep_disarmed_below(st: *mut ThreadState, top: u64) {
 }
 
 /// The backtrace's walk is over: the entries it disarmed that are still on the shadow stack,
-/// unchanged, and whose slot still holds their real return address get the exit stub back.
-/// Only those: an entry that was not disarmed by the walk may be one whose stub a signal
-/// interrupted (an exit stub that already put the real return address back, an entry stub
-/// whose new entry is not written yet), where writing the exit stub would send the return
-/// astray.
+/// unchanged, whose slot still holds their real return address, and whose function is
+/// making a call now get the exit stub back; `ret` is the return address of the call being
+/// entered. The last condition is the proof that the frame runs its own code: the entry
+/// above it (or the call being entered) returns into it. A frame a signal interrupted in its
+/// stub (an exit stub that already put the real return address back, an entry stub whose
+/// entry is not written yet and still holds an older call's) has no such entry above it, and
+/// writing the exit stub there would send a return astray. Frames that fail a condition stay
+/// disarmed: their ends are late.
 ///
 /// # Safety
 /// `st` must be the calling thread's state, with the entries of gone frames removed.
-unsafe fn rearm_after_walk(st: *mut ThreadState) {
+unsafe fn rearm_after_walk(st: *mut ThreadState, ret: u64) {
     // SAFETY: per the caller's guarantee; each entry is read only below `ss_top`, and a slot
     // is written only when it holds the return address the unchanged entry saved, i.e. it is
     // that live frame's return slot (as in `set_return_addresses`).
@@ -580,6 +583,10 @@ unsafe fn rearm_after_walk(st: *mut ThreadState) {
             // Frames on other stacks (a signal handler's, a coroutine's) may be gone with
             // their stack memory still mapped: they stay disarmed.
             if !same || e.slot < lo || e.slot >= hi {
+                continue;
+            }
+            let callee_ret = if d.at + 32 < top { (*((d.at + 32) as *const ShadowEntry)).ret } else { ret };
+            if !in_function(e.id & 0xffff_ffff, callee_ret) {
                 continue;
             }
             let slot = e.slot as *mut u64;

@@ -635,11 +635,12 @@ fn backtraces_from_signal_handlers() {
     let count = |name: &str| late.iter().filter(|n| n.as_str() == name).count();
     // note_walk returns before the next hooked entry, in all 10 walks. After a walk on the
     // signal stack, the frames are re-armed only once the thread runs on its own stack
-    // again, when the interrupted calls have returned: in those 6 rounds they end late. The
-    // crash handler's walk is the last thing the process does, so the calls open then end
-    // with it.
+    // again, when the interrupted calls have returned: in those 6 rounds they end late.
+    // inner, interrupted by the signal (inside raise), is never re-armed: no call out of its
+    // own code proves it is not in the middle of fnscope's entry or exit code. The crash
+    // handler's walk is the last thing the process does, so the calls open then end with it.
     assert_eq!(count("note_walk"), 10, "{late:?}");
-    for (name, n) in [("only_walk", 3), ("on_usr1", 3), ("outer", 6), ("middle", 6), ("inner", 6), ("handler_work", 0), ("between", 0)] {
+    for (name, n) in [("only_walk", 3), ("on_usr1", 3), ("outer", 6), ("middle", 6), ("inner", 9), ("handler_work", 0), ("between", 0)] {
         assert_eq!(count(name), n, "{name}: {late:?}");
     }
     // The handlers' calls on the signal stack are gone once main runs again: the calls
