@@ -622,6 +622,27 @@ fn backtraces_from_signals_that_land_anywhere() {
 }
 
 #[test]
+fn rearming_after_a_walk_spares_frames_in_a_stub() {
+    // rearm_race.c single-steps through fnscope's exit and entry stubs and, with untraced
+    // handlers, walks the stack where re-arming a frame would send its return astray (into
+    // the exit stub again, or with the exit stub saved as its return address): both crashed
+    // before re-arming asked for proof that the frame runs its own code.
+    let dir = TempDir::new("rearm-race");
+    let source = fs::read_to_string(programs_dir().join("rearm_race.c")).unwrap();
+    let prog = compile_c_text(dir.path(), "rearm_race", &source);
+    for mode in ["exit", "entry"] {
+        let trace = dir.join(mode);
+        let r = fnscope_cmd(&["record", "--exclude", "on_trap", "--exclude", "on_usr2", "-o", path_str(&trace), "--", path_str(&prog), mode]);
+        assert_eq!((r.code, r.signal), (0, None), "{mode}: {}", r.describe());
+        assert!(
+            r.stdout.contains("phase 2 "),
+            "{mode}: the handlers did not meet the stub instructions they look for (did the stubs change?)\n{}",
+            r.describe()
+        );
+    }
+}
+
+#[test]
 fn backtraces_from_signal_handlers() {
     // backtrace() in a handler on the same stack, on a signal stack, and in a SIGSEGV handler
     // that ends the process: the walks see every frame, and the interrupted calls get their
