@@ -609,7 +609,7 @@ extern "C" fn fnscope_args_enter(st: *mut ThreadState, entry: u64, frame: *mut u
                     let depth = ((entry - (*st).ss_base) / 32) as u32;
                     let rec = fnscope_abi::Record::new(e.t_entry, now, e.id as u32, depth, 0);
                     crate::thread::emit_unit(st, rec, &words[..1 + n + rw]);
-                    core::ptr::write_volatile(core::ptr::addr_of_mut!((*st).ss_top), entry);
+                    crate::thread::lower_top(st, entry);
                     return 1;
                 }
             }

@@ -29,6 +29,13 @@
 //!   `lock`ed: only this thread touches its state, and a signal arrives between instructions),
 //!   so a signal handler that calls hooked functions in the middle of a stub takes the next
 //!   slot instead of overwriting this one.
+//! - In-progress entries: between a stub's reservation and its last store, and between an
+//!   exit stub's last read and its pop, a signal handler's hooked calls see the entry below
+//!   their own half-written. Its slot word tells them: the entry stub writes it last (after the
+//!   return address), the exit stub clears it before the pop, and every other pop clears it
+//!   too, so an entry whose slot word is 0 is one a stub is still writing or giving back: not
+//!   a gone frame to close (which would pop an entry still in use), not a frame to disarm or
+//!   record (its words may be an older call's). [`crate::thread`] keeps that rule.
 //! - Anything rare (first call of a thread, full buffer, frames skipped by longjmp or an
 //!   exception, noticed at the next entry or exit) goes to Rust code through `SAVE_ALL`/`RESTORE_ALL`, which preserve all
 //!   general-purpose registers and xmm0-15 and align the stack; the Rust side makes raw system
@@ -217,12 +224,13 @@ fnscope_entry:
     cmp qword ptr [rcx - 8], rsp
     jbe .Lentry_check
 .Lentry_store:
+    /* The slot word last: it commits the entry (see "In-progress entries" above). */
     mov qword ptr [rcx + 8], rax
     mov eax, dword ptr [r11 - 4]
     mov qword ptr [rcx + 16], rax
-    mov qword ptr [rcx + 24], rsp
     mov rax, qword ptr [rsp]
     mov qword ptr [rcx], rax
+    mov qword ptr [rcx + 24], rsp
     mov rcx, [rsp - 32]
     mov rdx, [rsp - 24]
     mov rax, [rsp - 16]
@@ -275,6 +283,8 @@ fnscope_exit:
     lea rax, [rax + r11 + 1]
     mov qword ptr [rsi + 16], rax
 .Lexit_pop:
+    /* Uncommits the entry before giving it back: a free entry's slot word is 0. */
+    mov qword ptr [rcx + 24], 0
     sub qword ptr [rdx], 32
 .Lexit_leave:
     mov r11, [rsp - 40]
@@ -364,9 +374,9 @@ fnscope_entry_args:
     shl rax, 32
     or rax, r11
     mov qword ptr [rcx + 16], rax
-    mov qword ptr [rcx + 24], rsp
     mov r11, qword ptr [rsp]
     mov qword ptr [rcx], r11
+    mov qword ptr [rcx + 24], rsp
     /* rax = the fast unit code, r11 = this entry's frame. */
     shr rax, 33
     cmp rcx, qword ptr [rdx + {args_limit}]
@@ -485,6 +495,9 @@ fnscope_exit_args:
     sub rdi, 8
     jmp .Lxa_reserve
 .Lxa_pop:
+    /* rcx no longer holds the entry here: it is the top one. */
+    mov rcx, qword ptr [rdx]
+    mov qword ptr [rcx - 8], 0
     sub qword ptr [rdx], 32
 .Lxa_leave:
     mov rdi, [rsp - 48]

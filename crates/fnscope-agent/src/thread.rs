@@ -108,8 +108,46 @@ pub struct ShadowEntry {
     pub t_entry: u64,
     /// Function id.
     pub id: u64,
-    /// Address of the stack slot holding the return address (rsp at entry).
+    /// Address of the stack slot holding the return address (rsp at entry); 0 while the
+    /// entry is in progress (see [`ShadowEntry::in_progress`]).
     pub slot: u64,
+}
+
+impl ShadowEntry {
+    /// Whether a stub is still writing this entry (its slot word is written last) or giving
+    /// it back (the exit stub clears it before the pop): a signal handler that interrupted
+    /// the stub sees such an entry below its own calls. It is neither a gone frame nor an
+    /// open call: its other words may still be an older call's.
+    pub fn in_progress(&self) -> bool {
+        self.slot == 0
+    }
+}
+
+/// Gives back the shadow entries from `to` up: their slot words are cleared before `ss_top`
+/// comes down, so that a free entry is never taken for a live one (the rule the stubs keep:
+/// see `stubs.rs`, in-progress entries).
+///
+/// # Safety
+/// `st` must be the calling thread's state and `to` one of its entries at or below `ss_top`.
+pub unsafe fn lower_top(st: *mut ThreadState, to: u64) {
+    // SAFETY: per the caller's guarantee.
+    unsafe {
+        clear_slots(to, read_volatile(addr_of_mut!((*st).ss_top)));
+        write_volatile(addr_of_mut!((*st).ss_top), to);
+    }
+}
+
+/// Clears the slot words of the shadow entries in `[from, to)`.
+///
+/// # Safety
+/// The range must lie in a shadow stack the calling thread owns.
+unsafe fn clear_slots(from: u64, to: u64) {
+    let mut p = from;
+    while p < to {
+        // SAFETY: per the caller's guarantee.
+        unsafe { write_volatile(addr_of_mut!((*(p as *mut ShadowEntry)).slot), 0) };
+        p += 32;
+    }
 }
 
 const _: () = {
@@ -271,9 +309,15 @@ fn new_state(slot: *mut u8) -> Option<*mut ThreadState> {
         }
         mem as *mut ThreadState
     } else {
-        // SAFETY: a slot is STACK_SLOT_SIZE bytes; its state lies in its first page.
+        // SAFETY: a slot is STACK_SLOT_SIZE bytes; its state lies in its first page and its
+        // shadow stack of SHADOW_BYTES in the following ones.
         unsafe {
             let st = slot.add(fnscope_abi::SLOT_STATE_OFFSET) as *mut ThreadState;
+            // An earlier owner's entries (a process killed with calls open) would be free
+            // entries with a slot word: clear as many as it may have used.
+            let used = (*st).ss_top.wrapping_sub((*st).ss_base).min(SHADOW_BYTES as u64);
+            let ss = slot as u64 + 4096;
+            clear_slots(ss, ss + used);
             core::ptr::write_bytes(st as *mut u8, 0, core::mem::size_of::<ThreadState>());
             st
         }
@@ -379,11 +423,13 @@ extern "C" fn thread_exit(_registered: *mut libc::c_void) {
 unsafe fn disarm_all(st: *mut ThreadState, sp: u64) {
     // SAFETY: per the caller's guarantee; entries between base and top are initialised.
     unsafe {
+        let top = (*st).ss_top;
         while (*st).ss_top > (*st).ss_base && (*(((*st).ss_top - 32) as *const ShadowEntry)).slot < sp {
             (*st).ss_top -= 32;
         }
         set_return_addresses(st, false);
         forget_walk(st);
+        clear_slots((*st).ss_base, top);
         write_volatile(addr_of_mut!((*st).ss_top), (*st).ss_base);
     }
 }
@@ -457,6 +503,10 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
         let mut k = slot;
         while k > base {
             let e = (k - 32) as *const ShadowEntry;
+            // The call this handler interrupted in its entry or exit stub: not gone.
+            if (*e).in_progress() {
+                break;
+            }
             // A frame that calls from above its own return slot (libffi's ffi_call_unix64 builds
             // a frame in memory its caller reserved) is alive: the call returns into its code.
             // Running on the thread's own stack, a frame on its signal stack whose slot no
@@ -486,7 +536,7 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             (*st).graveyard_next = (*st).graveyard_next.wrapping_add(1);
             emit_closed(st, p, now);
         }
-        write_volatile(addr_of_mut!((*st).ss_top), k);
+        lower_top(st, k);
         // Their places will hold new entries, maybe alike (the same call again): the disarmed
         // ones among them must not be mistaken for those.
         keep_disarmed_below(st, k);
@@ -676,6 +726,9 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
     // SAFETY: per the caller's guarantee.
     unsafe {
         let (slot, fork_slot) = ((*to).slot, (*to).fork_slot);
+        // Back in its slot after a fork, the state finds the entries it left there, maybe
+        // more than it brings back: those beyond are free now.
+        let stale = (*to).ss_top.wrapping_sub((*to).ss_base).min(SHADOW_BYTES as u64);
         core::ptr::copy_nonoverlapping(from, to, 1);
         (*to).slot = slot;
         (*to).fork_slot = fork_slot;
@@ -686,6 +739,7 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
         core::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, used);
         (*to).ss_base = new;
         (*to).ss_top = new + used as u64;
+        clear_slots(new + used as u64, new + stale);
         (*to).ss_limit = new + depth_bytes();
         set_args_frames(to);
         set_args_frames(from);
@@ -965,13 +1019,14 @@ unsafe fn pop_unwound(st: *mut ThreadState, now: u64) {
     unsafe {
         let top = read_volatile(addr_of_mut!((*st).ss_top)) - 32;
         emit_closed(st, top, now);
-        write_volatile(addr_of_mut!((*st).ss_top), top);
+        lower_top(st, top);
         forget_walk(st);
     }
 }
 
 /// Pops, as calls that did not return normally, the top entries whose return-address slot
-/// is below `limit`: their frames are gone.
+/// is below `limit`: their frames are gone. It stops at an entry in progress: its stub, which
+/// a signal interrupted, still owns it.
 ///
 /// # Safety
 /// `st` must be the calling thread's state.
@@ -980,7 +1035,10 @@ unsafe fn pop_below(st: *mut ThreadState, limit: u64, now: u64) {
     unsafe {
         loop {
             let top = read_volatile(addr_of_mut!((*st).ss_top));
-            if top <= (*st).ss_base || (*((top - 32) as *const ShadowEntry)).slot >= limit {
+            if top <= (*st).ss_base || {
+                let e = &*((top - 32) as *const ShadowEntry);
+                e.in_progress() || e.slot >= limit
+            } {
                 break;
             }
             pop_unwound(st, now);
@@ -1047,13 +1105,16 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
         let (lo, hi) = ((*st).stack_lo, (*st).stack_hi);
         let on_stack = |a: u64| a >= lo && a < hi;
         let dead = |e: &ShadowEntry| (e.slot < rsp && on_stack(rsp) && on_stack(e.slot)) || (!on_stack(e.slot) && gone_stack(e.slot));
+        // An entry in progress under the frame returning here belongs to a stub a signal
+        // handler interrupted and then jumped out of: it never ends, and has no call to record.
+        let dropped = |e: &ShadowEntry| e.in_progress() || dead(e);
         // Deepest first: records are in the order calls end, which places each in its
         // caller's subtree when the trace is read.
         let mut r = top;
         while r > k + 32 {
             r -= 32;
             let e = core::ptr::read(r as *const ShadowEntry);
-            if dead(&e) {
+            if !e.in_progress() && dead(&e) {
                 emit_closed(st, r, now);
             }
         }
@@ -1071,7 +1132,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
         let mut r = k + 32;
         while r < top {
             let e = core::ptr::read(r as *const ShadowEntry);
-            if !dead(&e) {
+            if !dropped(&e) {
                 core::ptr::write(w as *mut ShadowEntry, e);
                 move_frame(r, w);
                 w += 32;
@@ -1082,7 +1143,7 @@ extern "C" fn fnscope_exit_mismatch(st: *mut ThreadState, rsp: u64) -> u32 {
         if let Some(f) = crate::args::frame_of(st, w) {
             core::ptr::copy_nonoverlapping(matched_frame.as_ptr(), f, crate::args::FRAME_WORDS);
         }
-        write_volatile(addr_of_mut!((*st).ss_top), w + 32);
+        lower_top(st, w + 32);
     }
     0
 }
@@ -1145,7 +1206,7 @@ unsafe fn set_return_addresses_noting(st: *mut ThreadState, armed: bool, mut cha
             let e = p as *const ShadowEntry;
             let slot = (*e).slot as *mut u64;
             p += 32;
-            if ((*e).slot < lo || (*e).slot >= hi) && gone_stack((*e).slot) {
+            if (*e).in_progress() || ((*e).slot < lo || (*e).slot >= hi) && gone_stack((*e).slot) {
                 continue;
             }
             let exit = if (*e).id & crate::args::ARGS_ENTRY != 0 { with_args } else { plain };
@@ -1289,7 +1350,7 @@ pub fn newest_slot_of(id: u32) -> Option<u64> {
         while p > (*st).ss_base {
             p -= 32;
             let e = p as *const ShadowEntry;
-            if (*e).id as u32 == id {
+            if (*e).id as u32 == id && !(*e).in_progress() {
                 return Some((*e).slot);
             }
         }
@@ -1307,7 +1368,9 @@ unsafe fn emit_open_calls(st: *mut ThreadState, now: u64) {
         let mut p = (*st).ss_top;
         while p > (*st).ss_base {
             p -= 32;
-            emit_closed(st, p, now);
+            if !(*(p as *const ShadowEntry)).in_progress() {
+                emit_closed(st, p, now);
+            }
         }
     }
 }
@@ -1336,7 +1399,12 @@ pub fn exec_begins() -> Option<(u64, usize)> {
         if all == 0 {
             return None;
         }
-        let open = (0..all).take_while(|&d| now.wrapping_sub((*((base + d * 32) as *const ShadowEntry)).t_entry) >= min).count();
+        let open = (0..all)
+            .take_while(|&d| {
+                let e = &*((base + d * 32) as *const ShadowEntry);
+                !e.in_progress() && now.wrapping_sub(e.t_entry) >= min
+            })
+            .count();
         if open == 0 {
             // Every open call is shorter than the threshold: none is recorded, and none may be
             // closed later by the recorder (as cut off, when they would look long).

@@ -569,13 +569,15 @@ impl Region {
         let open = (top.saturating_sub(base) / 32).min(fnscope_abi::SHADOW_ENTRIES as u64) as usize;
         let recs = (0..open)
             .rev()
-            .map(|d| {
+            .filter_map(|d| {
                 // SAFETY: entry d of the slot's shadow stack, inside the slot.
-                let (t_entry, id) = unsafe {
+                let (t_entry, id, ret_slot) = unsafe {
                     let e = slot.add(4096 + d * 32) as *const u64;
-                    (std::ptr::read_volatile(e.add(1)), std::ptr::read_volatile(e.add(2)))
+                    (std::ptr::read_volatile(e.add(1)), std::ptr::read_volatile(e.add(2)), std::ptr::read_volatile(e.add(3)))
                 };
-                Record::new(t_entry, now.max(t_entry), id as u32, d as u32, REC_FLAG_UNWOUND | REC_FLAG_CUT)
+                // A slot word of 0: an entry a stub was still writing (the call had not
+                // started) or giving back (its record is written): no open call.
+                (ret_slot != 0).then(|| Record::new(t_entry, now.max(t_entry), id as u32, d as u32, REC_FLAG_UNWOUND | REC_FLAG_CUT))
             })
             .filter(|r| r.ticks() >= min_ticks)
             .collect();

@@ -643,6 +643,41 @@ fn rearming_after_a_walk_spares_frames_in_a_stub() {
 }
 
 #[test]
+fn traced_handlers_after_every_instruction_leave_calls_intact() {
+    // stepping_handlers.c single-steps through its calls of f, fnscope's stubs included, with
+    // a traced SIGTRAP handler that calls hooked functions at each step. Right after an entry
+    // stub reserved its shadow entry, the handler's first call took it for a gone frame (its
+    // slot word was the one that call had left there a step earlier) and removed it under the
+    // stub: f's return address was lost. Both kinds of stubs: plain, and with values recorded.
+    let dir = TempDir::new("stepping-handlers");
+    let prog = compile("stepping_handlers.c", dir.path(), "stepping_handlers", &["-O2", "-g"]);
+    let values: &[&str] = &["-A", "f@arg1", "-A", "g@arg1", "-R", "g", "-A", "on_trap@arg1"];
+    for (mode, extra) in [("plain", &[][..]), ("values", values)] {
+        let trace = dir.join(mode);
+        let mut args = vec!["record", "-o", path_str(&trace)];
+        args.extend_from_slice(extra);
+        args.extend(["--", path_str(&prog)]);
+        let r = fnscope_cmd(&args);
+        assert_eq!((r.code, r.signal), (0, None), "{mode}: {}", r.describe());
+        assert!(
+            r.stdout.contains("covered 1 1 "),
+            "{mode}: the handler did not land where the stubs reserve and release entries (did the stubs change?)\n{}",
+            r.describe()
+        );
+        let counts = parse_counts(&r.stderr);
+        assert!(counts.get("on_trap").is_some_and(|&(_, n)| n > 100), "{mode}: too few steps: {counts:?}");
+        let stats = report(&trace).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let mut problems = check_counts(&stats, "stepping_handlers", &counts);
+        problems.extend(report_invariants(&stats));
+        let late = unwound_calls(&trace);
+        if !late.is_empty() {
+            problems.push(format!("calls that did not return: {late:?}"));
+        }
+        assert!(problems.is_empty(), "{mode}:\n  - {}\n{}", problems.join("\n  - "), r.describe());
+    }
+}
+
+#[test]
 fn backtraces_from_signal_handlers() {
     // backtrace() in a handler on the same stack, on a signal stack, and in a SIGSEGV handler
     // that ends the process: the walks see every frame, and the interrupted calls get their
