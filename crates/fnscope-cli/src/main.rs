@@ -75,9 +75,10 @@ enum Command {
         /// faster than they compress), write them to the trace uncompressed, so that the
         /// program does not wait; they are compressed when the program has ended. 0 writes
         /// every chunk uncompressed first; a large number never does. Not used by --flight,
-        /// which copies every chunk
-        #[arg(long, value_name = "CHUNKS", default_value_t = 4)]
-        spill_after: usize,
+        /// which copies every chunk. [default: 4, or half the buffer while every processor is
+        /// busy: writing chunks uncompressed then costs the program more than it saves]
+        #[arg(long, value_name = "CHUNKS")]
+        spill_after: Option<usize>,
         #[command(flatten)]
         filters: record::FilterArgs,
         #[command(flatten)]

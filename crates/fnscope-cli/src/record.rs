@@ -35,8 +35,9 @@ pub struct RecordOptions {
     pub plan_cache: bool,
     /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
     pub mono_no_inline: bool,
-    /// Full chunks left waiting beyond which the oldest are written uncompressed (RAW).
-    pub spill_after: usize,
+    /// Full chunks left waiting beyond which the oldest are written uncompressed (RAW); by
+    /// default [`DEFAULT_SPILL_AFTER`], or half the region while every processor is busy.
+    pub spill_after: Option<usize>,
     /// Record-time filters.
     pub filters: RecordFilters,
     /// The flight recorder's settings, in flight mode.
@@ -740,11 +741,28 @@ struct Recorder {
     /// Call records and data units of the chunk being written, kept from chunk to chunk.
     split: (Vec<Record>, fnscope_format::CallData),
     /// [`RecordOptions::spill_after`].
-    spill_after: usize,
+    spill_after: Option<usize>,
+    /// Processors this process may run on.
+    processors: usize,
     /// Whether calls may carry data units (`-A`, `-R`, `--args`, `--inject`): without, no
     /// chunk has data slots, and none is scanned for them (the scan was a tenth of the
     /// recorder's time).
     values: bool,
+}
+
+/// Full chunks left waiting beyond which the recorder writes the oldest uncompressed, unless
+/// every processor is busy or the user says otherwise (`--spill-after`).
+pub const DEFAULT_SPILL_AFTER: usize = 4;
+
+/// Whether more tasks are ready to run than there are `processors` (the recorder, running,
+/// among them): the kernel's count in `/proc/loadavg` (`running/total`). Unknown: no.
+fn processors_saturated(processors: usize) -> bool {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|t| running_tasks(&t)).is_some_and(|r| r > processors)
+}
+
+/// The tasks ready to run, from the text of `/proc/loadavg` (`0.52 0.58 0.59 3/345 12345`).
+fn running_tasks(loadavg: &str) -> Option<usize> {
+    loadavg.split_whitespace().nth(3)?.split_once('/')?.0.parse().ok()
 }
 
 impl Recorder {
@@ -906,14 +924,28 @@ impl Recorder {
     /// recorder compresses them, and would soon wait for free ones: unless `!spill` (the
     /// program is done), the first ones of the pass (each thread's in stream order) go to the
     /// trace uncompressed until `spill_after` are left, which are compressed as usual.
+    ///
+    /// Spilling moves work to the recorder's processor (the file's pages, a second pass at
+    /// the end) so that the program writes into chunks it has used before. That pays only
+    /// while a processor is idle: when every one is busy (a `make -j2` on two), the program
+    /// waits for the recorder's extra work instead, and the run is slower. Then, unless the
+    /// user set `--spill-after`, chunks are spilled only past half the region, so that the
+    /// program never runs out of them.
     fn drain(&mut self, spill: bool) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
         self.images_checked = false;
         let full = self.region.chunks_in(&[CHUNK_FULL]);
+        let after = match self.spill_after {
+            Some(n) => n,
+            None if spill && full.len() > DEFAULT_SPILL_AFTER && processors_saturated(self.processors) => {
+                DEFAULT_SPILL_AFTER.max(self.region.nchunks as usize / 2)
+            }
+            None => DEFAULT_SPILL_AFTER,
+        };
         for (k, c) in full.iter().enumerate() {
             let waiting = full.len() - k - 1;
-            self.take(c.index, c.nrec.unwrap_or(0) as usize, 0, spill && waiting >= self.spill_after)?;
+            self.take(c.index, c.nrec.unwrap_or(0) as usize, 0, spill && waiting >= after)?;
         }
         Ok(full.len())
     }
@@ -1327,6 +1359,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         min_ticks,
         split: Default::default(),
         spill_after: opts.spill_after,
+        processors: std::thread::available_parallelism().map_or(1, |n| n.get()),
         values: !opts.values.is_empty(),
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
@@ -1623,7 +1656,7 @@ pub fn human_bytes(b: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::mono_no_inline;
+    use super::{mono_no_inline, running_tasks};
     use std::ffi::OsStr;
 
     #[test]
@@ -1631,5 +1664,16 @@ mod tests {
         assert_eq!(mono_no_inline(None), "-O=-inline");
         assert_eq!(mono_no_inline(Some(OsStr::new(""))), "-O=-inline");
         assert_eq!(mono_no_inline(Some(OsStr::new("--debug"))), "--debug -O=-inline");
+    }
+
+    #[test]
+    fn running_tasks_are_read_from_loadavg() {
+        assert_eq!(running_tasks("0.52 0.58 0.59 3/345 12345\n"), Some(3));
+        assert_eq!(running_tasks("12.00 8.10 4.00 17/2048 99"), Some(17));
+        assert_eq!(running_tasks("0.52 0.58 0.59"), None);
+        assert_eq!(running_tasks("0.52 0.58 0.59 x/345 1"), None);
+        // This very process is running while it reads its own count.
+        let own = std::fs::read_to_string("/proc/loadavg").unwrap();
+        assert!(running_tasks(&own).is_some_and(|n| n >= 1), "{own}");
     }
 }
