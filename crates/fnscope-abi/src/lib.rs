@@ -31,6 +31,10 @@ pub const ENV_VERBOSE: &str = "FNSCOPE_VERBOSE";
 /// (see ARCHITECTURE.md, "Patching").
 pub const ENV_PATCH: &str = "FNSCOPE_PATCH";
 
+/// Name prefix of the files of patched code the agent keeps in its analysis cache's folder
+/// (its `code_cache`); the recorder keeps the newest few.
+pub const CODE_CACHE_PREFIX: &str = "code-";
+
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 /// Version of the shared-region layout; the agent refuses a region of another version.

@@ -19,6 +19,8 @@ pub struct Loaded {
     pub lo: u64,
     /// See `lo`.
     pub hi: u64,
+    /// Whether it has text relocations: its code then depends on where it was loaded.
+    pub textrel: bool,
 }
 
 /// Every object loaded in this process, the main executable first.
@@ -39,7 +41,7 @@ pub fn loaded_objects() -> Vec<Loaded> {
             } else {
                 PathBuf::from(name)
             };
-            let (mut lo, mut hi) = (u64::MAX, 0u64);
+            let (mut lo, mut hi, mut textrel) = (u64::MAX, 0u64, false);
             for i in 0..info.dlpi_phnum as usize {
                 let ph = &*info.dlpi_phdr.add(i);
                 if ph.p_type == libc::PT_LOAD {
@@ -47,9 +49,19 @@ pub fn loaded_objects() -> Vec<Loaded> {
                     lo = lo.min(a);
                     hi = hi.max(a + ph.p_memsz);
                 }
+                if ph.p_type == libc::PT_DYNAMIC {
+                    // The dynamic section of a loaded object is mapped: (tag, value) pairs ended
+                    // by DT_NULL (0). DT_TEXTREL is 22; DT_FLAGS (30) may say DF_TEXTREL (4).
+                    let mut d = (info.dlpi_addr + ph.p_vaddr) as *const [u64; 2];
+                    while (*d)[0] != 0 {
+                        let [tag, value] = *d;
+                        textrel |= tag == 22 || (tag == 30 && value & 4 != 0);
+                        d = d.add(1);
+                    }
+                }
             }
             if hi > 0 {
-                out.push(Loaded { path, bias: info.dlpi_addr, lo, hi });
+                out.push(Loaded { path, bias: info.dlpi_addr, lo, hi, textrel });
             }
             0
         }
@@ -120,6 +132,10 @@ pub(crate) struct Mapping {
     pub(crate) prot: u32,
     /// A shared mapping (`s`): its writes reach the file, so it is never replaced by a copy.
     pub(crate) shared: bool,
+    /// Offset in the file mapped.
+    pub(crate) offset: u64,
+    /// Device (as `st_dev` has it) and inode of the file mapped; inode 0: none.
+    pub(crate) file: (u64, u64),
 }
 
 /// The process's mappings, by address. Read with raw system calls: this runs while the
@@ -135,7 +151,13 @@ pub(crate) fn mappings() -> Vec<Mapping> {
             let bit = |i: usize, c: u8, p: u32| if perms.get(i) == Some(&c) { p } else { 0 };
             let prot = bit(0, b'r', PROT_READ) | bit(1, b'w', PROT_WRITE) | bit(2, b'x', PROT_EXEC);
             let shared = perms.get(3) == Some(&b's');
-            Some(Mapping { lo: u64::from_str_radix(a, 16).ok()?, hi: u64::from_str_radix(b, 16).ok()?, prot, shared })
+            let offset = u64::from_str_radix(f.next()?, 16).ok()?;
+            let (major, minor) = f.next()?.split_once(':')?;
+            let (major, minor) = (u64::from_str_radix(major, 16).ok()?, u64::from_str_radix(minor, 16).ok()?);
+            // glibc's makedev: how `stat` reports the same device.
+            let dev = (major & 0xfffff000) << 32 | (major & 0xfff) << 8 | (minor & 0xffffff00) << 12 | (minor & 0xff);
+            let inode = f.next()?.parse().ok()?;
+            Some(Mapping { lo: u64::from_str_radix(a, 16).ok()?, hi: u64::from_str_radix(b, 16).ok()?, prot, shared, offset, file: (dev, inode) })
         })
         .collect();
     v.sort_by_key(|m| m.lo);
@@ -168,6 +190,12 @@ pub(crate) fn alloc_near(lo: u64, hi: u64, len: usize) -> Option<Area> {
 
 /// [`alloc_near`] of `len` bytes rounded up to whole pages, or with `huge` to whole huge
 /// pages at a huge page's alignment.
+///
+/// It first tries a place at a fixed distance below the module (that depends only on `len`),
+/// so that the jumps into the area are the same bytes from run to run, and a copy of code
+/// holding them can be kept ([`crate::code_cache`]): an area of up to 1 MiB (the unwinder's
+/// pre-hooks) in the MiB below the module, a bigger one 4 MiB further down than its length,
+/// rounded up to huge pages (the huge pages around it stay clear of the small one).
 fn map_near(lo: u64, hi: u64, len: usize, huge: bool) -> Option<Area> {
     const PAGE: u64 = 4096;
     const REACH: u64 = (1 << 31) - (1 << 20);
@@ -176,6 +204,48 @@ fn map_near(lo: u64, hi: u64, len: usize, huge: bool) -> Option<Area> {
     // The bytes that will be written: where the kernel gives no huge pages, the rest of the
     // last one is not worth faulting in.
     let want = round_up(len, PAGE as usize);
+    let try_at = |c: u64, len: u64| {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; on success the range
+        // is a fresh anonymous mapping that only we use.
+        let p = unsafe {
+            crate::sys::syscall6(
+                9, // mmap
+                c as usize,
+                len as usize,
+                (PROT_READ | PROT_WRITE) as usize,
+                // Populated: every page is written next, and one call faults them all in. Huge
+                // pages are asked for once the mapping is made, and populated then.
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | if huge { 0 } else { libc::MAP_POPULATE }) as usize,
+                usize::MAX,
+                0,
+            )
+        };
+        if p < 0 {
+            return false;
+        }
+        if p as u64 != c {
+            // Old kernels ignore NOREPLACE and place the mapping elsewhere.
+            crate::sys::munmap(p as *mut u8, len as usize);
+            return false;
+        }
+        true
+    };
+    let populate = |at: u64| {
+        if huge {
+            crate::sys::advise_huge_pages(at & !(HUGE_PAGE - 1), round_up((at + want as u64) as usize, HUGE_PAGE as usize) - (at & !(HUGE_PAGE - 1)) as usize);
+            // SAFETY: advice on the fresh mapping just made; it only faults its pages in (a
+            // kernel without it refuses, and the pages come as they are written).
+            unsafe { crate::sys::syscall6(28, at as usize, want, MADV_POPULATE_WRITE, 0, 0, 0) };
+        }
+    };
+    let below = if want <= 1 << 20 { 1 << 20 } else { round_up(want, HUGE_PAGE as usize) as u64 + 4 * HUGE_PAGE };
+    if let Some(at) = lo.checked_sub(below).filter(|&at| at >= PAGE * 16 && hi - at <= REACH) {
+        let (from, to) = if huge { (at & !(HUGE_PAGE - 1), round_up((at + want as u64) as usize, HUGE_PAGE as usize) as u64) } else { (at, at + want as u64) };
+        if try_at(from, to - from) {
+            populate(at);
+            return Some(Area { base: at, len: (to - at) as usize });
+        }
+    }
     let len = round_up(len, align as usize) as u64;
     let maps = maps_ranges();
     let mut candidates: Vec<u64> = Vec::new();
@@ -197,36 +267,10 @@ fn map_near(lo: u64, hi: u64, len: usize, huge: bool) -> Option<Area> {
     });
     candidates.sort_by_key(|&c| if c + len <= lo { (0, lo - c) } else { (1, c.abs_diff(hi)) });
     for c in candidates {
-        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; on success the range
-        // is a fresh anonymous mapping that only we use.
-        let p = unsafe {
-            crate::sys::syscall6(
-                9, // mmap
-                c as usize,
-                len as usize,
-                (PROT_READ | PROT_WRITE) as usize,
-                // Populated: every page is written next, and one call faults them all in. Huge
-                // pages are asked for once the mapping is made, and populated then.
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | if huge { 0 } else { libc::MAP_POPULATE }) as usize,
-                usize::MAX,
-                0,
-            )
-        };
-        if p < 0 {
-            continue;
+        if try_at(c, len) {
+            populate(c);
+            return Some(Area { base: c, len: len as usize });
         }
-        if p as u64 != c {
-            // Old kernels ignore NOREPLACE and place the mapping elsewhere.
-            crate::sys::munmap(p as *mut u8, len as usize);
-            continue;
-        }
-        if huge {
-            crate::sys::advise_huge_pages(c, len as usize);
-            // SAFETY: advice on the fresh mapping just made; it only faults its pages in (a
-            // kernel without it refuses, and the pages come as they are written).
-            unsafe { crate::sys::syscall6(28, c as usize, want, MADV_POPULATE_WRITE, 0, 0, 0) };
-        }
-        return Some(Area { base: c, len: len as usize });
     }
     None
 }
@@ -244,7 +288,7 @@ pub(crate) fn set_prot(addr: u64, len: usize, prot: u32) -> Result<(), crate::sy
 /// A mapping dense with jumps is patched in a copy that replaces it (see [`write_in_copy`]);
 /// the others stage by stage (see [`Stage`]): a function whose island could not be written
 /// keeps its entry as it was, and no island goes into a neighbour whose entry jump failed.
-pub fn write_patches(module: &Path, patches: &[Patch]) -> Vec<(Patch, String)> {
+pub fn write_patches(module: &Loaded, patches: &[Patch]) -> Vec<(Patch, String)> {
     let maps = mappings();
     let copied = write_dense_in_copies(module, patches, &maps);
     let done = |p: &Patch| copied.iter().any(|&(lo, hi)| lo <= p.jump.address && p.jump.address < hi);
@@ -305,7 +349,7 @@ pub fn set_patching(p: Patching) {
 /// private, and every function with a patch in it has all its patches in it (a short jump's
 /// island, a borrowed island's donor): no patch of a copied mapping can then fail or wait on
 /// account of another mapping's, as the stages of [`write_patches`] require.
-fn write_dense_in_copies(module: &Path, patches: &[Patch], maps: &[Mapping]) -> Vec<(u64, u64)> {
+fn write_dense_in_copies(module: &Loaded, patches: &[Patch], maps: &[Mapping]) -> Vec<(u64, u64)> {
     const NONE: usize = usize::MAX;
     let patching = PATCHING.load(std::sync::atomic::Ordering::Relaxed);
     if patching == Patching::InPlace as u8 {
@@ -424,8 +468,17 @@ fn huge_pages_available() -> bool {
 /// Afterwards /proc/<pid>/maps shows that code as anonymous memory, not as the file's.
 /// Returns false (and leaves the mapping as it was) if the copy could not be made or put in
 /// place.
-fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
+fn write_in_copy(module: &Loaded, patches: &[&Patch], m: &Mapping) -> bool {
     let len = (m.hi - m.lo) as usize;
+    // In the order the stages would write them, in case two ever overlap.
+    let ordered: Vec<&Patch> = STAGES.iter().flat_map(|&stage| patches.iter().filter(move |p| p.jump.stage == stage)).copied().collect();
+    debug_assert_eq!(ordered.len(), patches.len(), "a stage missing from STAGES");
+    let cached = code_file(module, m, &ordered);
+    if let Some(file) = &cached {
+        if map_cached(module, file, m) {
+            return true;
+        }
+    }
     let room = len + HUGE_PAGE as usize;
     let r = crate::sys::mmap_anon(room);
     if r.is_null() {
@@ -440,35 +493,25 @@ fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
     // a module's code, which nothing writes while it is patched; `[copy, copy + len)` lies in
     // the fresh read-write mapping just made, of `len` plus a huge page's bytes.
     unsafe { core::ptr::copy_nonoverlapping(m.lo as *const u8, copy as *mut u8, len) };
-    // In the order the stages would write them, in case two ever overlap.
-    let mut written = 0;
-    for p in STAGES.iter().flat_map(|&stage| patches.iter().filter(move |p| p.jump.stage == stage)) {
-        written += 1;
+    for p in &ordered {
         let bytes = p.jump.bytes();
         // SAFETY: the patch lies wholly inside the mapping (the caller checked), so at the
         // same offset inside the copy; see `write_sorted` for why its bytes may be written.
         unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), (copy + (p.jump.address - m.lo)) as *mut u8, bytes.len()) };
     }
-    debug_assert_eq!(written, patches.len(), "a stage missing from STAGES");
+    if let Some(file) = &cached {
+        // SAFETY: `[copy, copy + len)` lies in the mapping made above, written just now.
+        crate::code_cache::store(file, unsafe { core::slice::from_raw_parts(copy as *const u8, len) });
+    }
     if crate::sys::mprotect(copy, len, m.prot).is_err() {
         crate::sys::munmap(r, room);
         return false;
     }
     // SAFETY: `[copy, copy + len)` is the one mapping made above, holding the module's code as
-    // it was plus the jumps; if the call fails after the kernel unmapped `m.lo`, the copy is
-    // put there below.
-    if unsafe { crate::sys::mremap_over(copy, len, m.lo) }.is_err() {
-        // The kernel unmaps the target before it moves the pages, and a move can still fail
-        // (out of memory): the module's code may be gone, and the copy is all there is of it.
-        if crate::sys::is_mapped(m.lo) {
-            crate::sys::munmap(r, room);
-            return false;
-        }
-        // SAFETY: as above; nothing is mapped at `m.lo` now.
-        if unsafe { crate::sys::mremap_over(copy, len, m.lo) }.is_err() {
-            crate::warn(&format!("{}: its code could not be put back at {:#x} after patching; stopping", module.display(), m.lo));
-            std::process::abort();
-        }
+    // it was plus the jumps.
+    if !unsafe { move_over(copy, m, &module.path) } {
+        crate::sys::munmap(r, room);
+        return false;
     }
     // The copy left the mapping made for it; what was around it is unmapped now.
     if copy > base {
@@ -480,13 +523,86 @@ fn write_in_copy(module: &Path, patches: &[&Patch], m: &Mapping) -> bool {
     }
     if crate::verbose() {
         crate::warn(&format!(
-            "pid {}: {}: code at {:#x}-{:#x} ({:.1} MiB, {} jumps) patched in a copy that took its place",
+            "pid {}: {}: code at {:#x}-{:#x} ({:.1} MiB, {} jumps) patched in a copy that took its place{}",
             crate::sys::getpid(),
-            module.display(),
+            module.path.display(),
             m.lo,
             m.hi,
             len as f64 / (1 << 20) as f64,
-            patches.len()
+            patches.len(),
+            if cached.is_some() { " (kept for later runs)" } else { "" }
+        ));
+    }
+    true
+}
+
+/// Moves the mapping `[from, from + len)` (`len` that of `m`) over mapping `m` of `module`
+/// with one `mremap`. False when `m` is left as it was (the caller then owns `from` still).
+///
+/// # Safety
+/// `[from, from + len)` is one mapping of the agent's own that nothing else uses, holding
+/// what `m` is to hold: `m`'s code as it was, plus jumps.
+unsafe fn move_over(from: u64, m: &Mapping, module: &Path) -> bool {
+    let len = (m.hi - m.lo) as usize;
+    // SAFETY: per the caller's guarantee; if the call fails after the kernel unmapped `m.lo`,
+    // the code is put there below.
+    if unsafe { crate::sys::mremap_over(from, len, m.lo) }.is_err() {
+        // The kernel unmaps the target before it moves the pages, and a move can still fail
+        // (out of memory): the module's code may be gone, and `from` is all there is of it.
+        if crate::sys::is_mapped(m.lo) {
+            return false;
+        }
+        // SAFETY: as above; nothing is mapped at `m.lo` now.
+        if unsafe { crate::sys::mremap_over(from, len, m.lo) }.is_err() {
+            crate::warn(&format!("{}: its code could not be put back at {:#x} after patching; stopping", module.display(), m.lo));
+            std::process::abort();
+        }
+    }
+    true
+}
+
+/// Jumps this agent wrote in place so far (address, bytes): a copy of code made later holds
+/// them, so the name of its cache file must tell them ([`crate::code_cache`]).
+static IN_PLACE: std::sync::Mutex<Vec<(u64, Vec<u8>)>> = std::sync::Mutex::new(Vec::new());
+
+/// The cache file of the copy of mapping `m` of `module` with `ordered` written into it, when
+/// such a copy can be kept: a mapping of the module's file as loaded (not code the program
+/// moved elsewhere, not a module with text relocations).
+fn code_file(module: &Loaded, m: &Mapping, ordered: &[&Patch]) -> Option<PathBuf> {
+    let stamp = crate::sys::file_stamp(&module.path)?;
+    if module.textrel || m.file != (stamp[0], stamp[1]) {
+        return None;
+    }
+    let earlier: Vec<(u64, Vec<u8>)> = IN_PLACE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(a, b)| *a >= m.lo && a + b.len() as u64 <= m.hi)
+        .map(|(a, b)| (a - m.lo, b.clone()))
+        .collect();
+    let len = (m.hi - m.lo) as usize;
+    crate::code_cache::file_for(&module.path, m.offset, len, m.prot, &earlier, ordered.iter().map(|p| (p.jump.address - m.lo, p.jump.bytes())))
+}
+
+/// Puts the copy kept in `file` in the place of mapping `m` of `module`; false (and `m` left
+/// as it was) when there is none or it cannot be used (a cache on a `noexec` file system).
+fn map_cached(module: &Loaded, file: &Path, m: &Mapping) -> bool {
+    let len = (m.hi - m.lo) as usize;
+    let Some(at) = crate::code_cache::map(file, len) else { return false };
+    // SAFETY: `at` is the private mapping of the kept copy just made and checked, holding
+    // `m`'s code as loaded plus the same jumps (the file's name says so).
+    if crate::sys::mprotect(at, len, m.prot).is_err() || !unsafe { move_over(at, m, &module.path) } {
+        crate::sys::munmap(at as *mut u8, len);
+        return false;
+    }
+    if crate::verbose() {
+        crate::warn(&format!(
+            "pid {}: {}: code at {:#x}-{:#x} ({:.1} MiB) patched by mapping the copy kept by an earlier run",
+            crate::sys::getpid(),
+            module.path.display(),
+            m.lo,
+            m.hi,
+            len as f64 / (1 << 20) as f64
         ));
     }
     true
@@ -524,13 +640,16 @@ fn write_sorted(patches: &[Patch], maps: &[Mapping]) -> Vec<(Patch, String)> {
             i = j + 1;
             continue;
         }
+        let mut in_place = IN_PLACE.lock().unwrap_or_else(|e| e.into_inner());
         for p in &patches[i..=j] {
             let bytes = p.jump.bytes();
             // SAFETY: the page range was made writable just above; the bytes lie within a
             // function the analysis found hookable (whole instructions, no branch into them)
             // or in padding it found free (no symbol, FDE or reference, after a ret or jmp).
             unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), p.jump.address as *mut u8, bytes.len()) };
+            in_place.push((p.jump.address, bytes.to_vec()));
         }
+        drop(in_place);
         for map in &maps[m..=m_end] {
             let lo = first.max(map.lo);
             let hi = last.min(map.hi);
@@ -1032,7 +1151,7 @@ pub fn prehook(obj: &Loaded, targets: &[(u64, u32)], traced: bool) -> Result<usi
         return Ok(0);
     }
     let built = build_slots(obj, &plans, SlotKind::Prehook, &mut 0, u32::MAX, &mut Default::default())?;
-    if let Some((_, why)) = write_patches(&obj.path, &built.patches).into_iter().next() {
+    if let Some((_, why)) = write_patches(obj, &built.patches).into_iter().next() {
         return Err(why);
     }
     Ok(built.ids.len())

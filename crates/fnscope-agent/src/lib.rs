@@ -13,6 +13,7 @@
 
 pub mod alloc;
 pub mod args;
+pub mod code_cache;
 pub mod count;
 pub mod exec;
 pub mod filter;
@@ -247,7 +248,7 @@ impl Tracer {
                     modules += 1;
                     cached += usize::from(r.cached);
                     self.seen.insert(obj.lo, r.patches.iter().find(|p| matches!(p.jump.stage, fnscope_x86::Stage::Entry | fnscope_x86::Stage::ShortJump)).map(|p| p.jump));
-                    pending.push((obj.path.clone(), r.patches));
+                    pending.push((obj.clone(), r.patches));
                 }
                 Err(e) => warn(&format!("not tracing {}: {e}", obj.path.display())),
             }
@@ -268,8 +269,8 @@ impl Tracer {
                 count::set_nfuncs(self.table.ids());
             }
             let mut failed = 0;
-            for (path, patches) in pending {
-                for (patch, why) in hook::write_patches(&path, &patches) {
+            for (obj, patches) in pending {
+                for (patch, why) in hook::write_patches(&obj, &patches) {
                     self.table.unhooked(patch.id, &why);
                     failed += 1;
                 }

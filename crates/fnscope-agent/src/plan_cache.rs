@@ -292,6 +292,11 @@ pub fn set_dir(dir: PathBuf) {
     let _ = DIR.set(dir);
 }
 
+/// The cache's folder, if caching is on.
+pub(crate) fn dir() -> Option<&'static Path> {
+    DIR.get().map(PathBuf::as_path)
+}
+
 const MAGIC: &[u8; 8] = b"FNSPLAN3";
 
 /// Every skip reason a verdict can carry, so that a cached one maps back to its constant.
@@ -470,7 +475,7 @@ fn analyse_file(path: &Path, ra: ReturnAddress, kept_entries: &[u64], key: Optio
 /// The checksum ending a cache file: a multiply-rotate hash of 8-byte words in four
 /// independent lanes, so that it does not take longer than reading the file (FNV-1a, a byte
 /// at a time, took 7 ms for the 5 MB analysis of `cc1plus`).
-fn checksum(b: &[u8]) -> u64 {
+pub(crate) fn checksum(b: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut lanes = [0xcbf2_9ce4_8422_2325u64, 1, 2, 3];
     let mut words = b.chunks_exact(32);
@@ -503,7 +508,7 @@ fn threads() -> usize {
 }
 
 /// FNV-1a, 64 bits: a file name for a key (the key itself is checked in the file).
-fn fnv(b: &[u8]) -> u64 {
+pub(crate) fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3))
 }
 

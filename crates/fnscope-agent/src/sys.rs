@@ -302,10 +302,30 @@ pub fn map_file(path: &std::path::Path) -> Result<Bytes, Errno> {
     }
 }
 
+/// Maps the first `len` bytes of the file at `path`, which must hold exactly `len + 8`, read
+/// only and private, where the kernel likes; returns the address and the last 8 bytes (read,
+/// not mapped). The caller unmaps it.
+pub fn map_prefix(path: &std::path::Path, len: usize) -> Result<(u64, [u8; 8]), Errno> {
+    with_open_file(path, |fd, size| {
+        let mut tail = [0u8; 8];
+        if size != len as u64 + 8 || !pread(fd, &mut tail, len as u64) {
+            return Err(Errno::INVALID);
+        }
+        map_fd(fd, len).map(|a| (a as u64, tail))
+    })
+}
+
 fn map_whole(path: &std::path::Path) -> Result<Bytes, Errno> {
+    with_open_file(path, |fd, size| match usize::try_from(size) {
+        Ok(0) => Ok(Bytes::from(Vec::new())),
+        Ok(len) => map_fd(fd, len).map(|addr| Bytes(Held::Mapped { addr, len })),
+        Err(_) => Err(Errno::INVALID),
+    })
+}
+
+/// Opens `path` read only and calls `f` with the descriptor and the file's size; closes it.
+fn with_open_file<T>(path: &std::path::Path, f: impl FnOnce(usize, u64) -> Result<T, Errno>) -> Result<T, Errno> {
     const SYS_FSTAT: usize = 5;
-    const PROT_READ: usize = 1;
-    const MAP_PRIVATE: usize = 2;
     let p = c_path(path);
     // SAFETY: `p` is NUL-terminated and outlives the call.
     let fd = check(unsafe { syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_RDONLY | O_CLOEXEC, 0, 0, 0) })?;
@@ -313,56 +333,66 @@ fn map_whole(path: &std::path::Path) -> Result<Bytes, Errno> {
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: `st` is a valid out-parameter of the layout the kernel writes for fstat(2) on
     // x86-64 (libc's `struct stat` is that layout); `fd` is open.
-    let r = check(unsafe { syscall6(SYS_FSTAT, fd, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) }).and_then(|_| {
-        match usize::try_from(st.st_size) {
-            Ok(0) => Ok(Bytes::from(Vec::new())),
-            // SAFETY: a new private read-only mapping of the open file, placed by the kernel.
-            Ok(len) => check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) }).map(|addr| Bytes(Held::Mapped { addr, len })),
-            Err(_) => Err(Errno::INVALID),
-        }
-    });
+    let r = check(unsafe { syscall6(SYS_FSTAT, fd, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) }).and_then(|_| f(fd, st.st_size as u64));
     close(fd);
     r
 }
 
+/// A new private read-only mapping of the first `len` bytes of open file `fd`, placed by the
+/// kernel.
+fn map_fd(fd: usize, len: usize) -> Result<usize, Errno> {
+    const PROT_READ: usize = 1;
+    const MAP_PRIVATE: usize = 2;
+    // SAFETY: a new mapping placed by the kernel changes no existing memory.
+    check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) }).map(|a| a as usize)
+}
+
 /// Writes `data` to `path` (created or truncated) without the C library.
 pub fn write_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
-    write_with(path, O_TRUNC, data)
+    write_with(path, O_TRUNC, &[data])
 }
 
 /// Writes `data` to a new file `path`; fails if `path` exists, so that no two writers ever
 /// share a temporary file (a file renamed into the cache may be mapped: see [`map_file`]).
 pub fn write_new_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
+    write_new_file_parts(path, &[data])
+}
+
+/// [`write_new_file`] of the concatenation of `parts`, without making it.
+pub fn write_new_file_parts(path: &std::path::Path, parts: &[&[u8]]) -> Result<(), Errno> {
     const O_EXCL: usize = 0o200;
-    write_with(path, O_EXCL, data)
+    write_with(path, O_EXCL, parts)
 }
 
 /// Appends `data` to `path` (created if missing) with one `write` where the kernel allows:
 /// a reader sees whole lines when each call appends whole lines.
 pub fn append_file(path: &std::path::Path, data: &[u8]) -> Result<(), Errno> {
     const O_APPEND: usize = 0o2000;
-    write_with(path, O_APPEND, data)
+    write_with(path, O_APPEND, &[data])
 }
 
-fn write_with(path: &std::path::Path, mode: usize, data: &[u8]) -> Result<(), Errno> {
+fn write_with(path: &std::path::Path, mode: usize, parts: &[&[u8]]) -> Result<(), Errno> {
     let p = c_path(path);
     // SAFETY: `p` is NUL-terminated and outlives the call.
     let fd = check(unsafe {
         syscall6(SYS_OPENAT, AT_FDCWD as usize, p.as_ptr() as usize, O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0o644, 0, 0)
     })?;
-    let mut done = 0;
-    let result = loop {
-        if done == data.len() {
-            break Ok(());
-        }
-        // SAFETY: the remaining bytes of `data` are valid for reading.
-        let r = unsafe { syscall6(SYS_WRITE, fd, data.as_ptr().add(done) as usize, data.len() - done, 0, 0, 0) };
-        match r {
-            r if r == -EINTR => continue,
-            r if r <= 0 => break Err(Errno(if r == 0 { 5 } else { -r as i32 })),
-            r => done += r as usize,
+    let write_all = |data: &[u8]| {
+        let mut done = 0;
+        loop {
+            if done == data.len() {
+                break Ok(());
+            }
+            // SAFETY: the remaining bytes of `data` are valid for reading.
+            let r = unsafe { syscall6(SYS_WRITE, fd, data.as_ptr().add(done) as usize, data.len() - done, 0, 0, 0) };
+            match r {
+                r if r == -EINTR => continue,
+                r if r <= 0 => break Err(Errno(if r == 0 { 5 } else { -r as i32 })),
+                r => done += r as usize,
+            }
         }
     };
+    let result = parts.iter().try_for_each(|d| write_all(d));
     // SAFETY: closing the descriptor opened above.
     unsafe { syscall6(SYS_CLOSE, fd, 0, 0, 0, 0, 0) };
     result

@@ -69,5 +69,75 @@ pub fn plan_cache_dir(agent: &std::path::Path) -> Option<PathBuf> {
         }
         std::fs::create_dir_all(&dir).ok()?;
     }
+    prune_code_files(&dir, KEPT_CODE_FILES, KEPT_CODE_BYTES);
     Some(dir)
+}
+
+/// The agent's copies of big modules' patched code kept in a cache folder (its
+/// `code_cache`): at most this many, the newest,
+const KEPT_CODE_FILES: usize = 8;
+/// and at most this many bytes in all.
+const KEPT_CODE_BYTES: u64 = 1 << 30;
+
+/// Removes the oldest code files of `dir` beyond `files` or `bytes`, and temporary ones an
+/// hour old (a writer that died). Files in use stay usable: a process maps one whole, and a
+/// removed file lives on until it is unmapped.
+fn prune_code_files(dir: &std::path::Path, files: usize, bytes: u64) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let hour = std::time::Duration::from_secs(3600);
+    let mut kept = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(fnscope_abi::CODE_CACHE_PREFIX) else { continue };
+        let Ok(m) = e.metadata() else { continue };
+        let Ok(modified) = m.modified() else { continue };
+        if rest.contains(".tmp") {
+            if modified.elapsed().is_ok_and(|age| age > hour) {
+                let _ = std::fs::remove_file(e.path());
+            }
+            continue;
+        }
+        kept.push((modified, m.len(), e.path()));
+    }
+    kept.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut total = 0;
+    for (i, (_, len, path)) in kept.into_iter().enumerate() {
+        total += len;
+        if i >= files || total > bytes {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prune_code_files;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn code_files_beyond_the_newest_few_are_removed() {
+        let dir = std::env::temp_dir().join(format!("fnscope-prune-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let now = SystemTime::now();
+        let make = |name: &str, len: usize, age_s: u64| {
+            let p = dir.join(name);
+            std::fs::write(&p, vec![0u8; len]).unwrap();
+            std::fs::File::options().write(true).open(&p).unwrap().set_modified(now - Duration::from_secs(age_s)).unwrap();
+        };
+        for i in 0..5 {
+            make(&format!("code-{i}"), 100, 10 * (i + 1));
+        }
+        make("code-old.tmp1.2", 10, 7200);
+        make("code-new.tmp3.4", 10, 5);
+        make("0123456789abcdef.plan", 10, 100_000);
+        prune_code_files(&dir, 3, 1 << 20);
+        let mut left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["0123456789abcdef.plan", "code-0", "code-1", "code-2", "code-new.tmp3.4"]);
+        // The byte limit: the newest that fit.
+        prune_code_files(&dir, 3, 250);
+        assert!(dir.join("code-1").exists() && !dir.join("code-2").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

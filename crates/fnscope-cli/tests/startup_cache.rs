@@ -97,3 +97,88 @@ fn cached_analyses_give_the_same_hooks_and_damage_is_ignored() {
     let (fresh, calls5, _) = record(&dir, &cache, &exe, &["--no-cache"]);
     assert_eq!((fresh, calls5), (0, calls));
 }
+
+/// The code files the agent kept in `cache` (see the agent's `code_cache`).
+fn code_files(cache: &Path) -> Vec<PathBuf> {
+    plan_files(cache).into_iter().filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("code-"))).collect()
+}
+
+/// A program of 4,000 functions of about 1 KiB each (4 MiB of code, a jump on every page once
+/// hooked), function `f<i>` called `i % 3 + 1` times.
+fn build_big(dir: &Path) -> PathBuf {
+    const N: usize = 4000;
+    let mut c = String::from("volatile long sink;\n");
+    for i in 0..N {
+        c.push_str(&format!("__attribute__((noinline)) long f{i}(long x) {{ __asm__ volatile(\".fill 1000, 1, 0x90\"); sink += x; return x + {i}; }}\n"));
+    }
+    c.push_str("int main(void) { long s = 0;\n");
+    for i in 0..N {
+        c.push_str(&format!("for (int k = 0; k < {}; k++) s += f{i}(k);\n", i % 3 + 1));
+    }
+    c.push_str("return s == 0; }\n");
+    let src = dir.join("big.c");
+    std::fs::write(&src, c).unwrap();
+    let exe = dir.join("big");
+    let status = Command::new("gcc").args(["-O1", "-o"]).arg(&exe).arg(&src).status().expect("cannot run gcc");
+    assert!(status.success(), "gcc big.c failed");
+    exe
+}
+
+#[test]
+fn kept_patched_code_is_mapped_again_and_damage_is_ignored() {
+    // A program dense with jumps is patched in a copy (forced, whatever the kernel's huge
+    // pages), which is kept and mapped by later runs: every count must be exact each time,
+    // and a damaged or mismatched copy must never be used.
+    let dir = TempDir::new("code-cache");
+    let cache = dir.join("cache");
+    let exe = build_big(dir.path());
+    let run = |k: usize, extra: &[&str]| {
+        let trace = dir.join(format!("t{k}"));
+        let mut args = vec!["-v"];
+        args.extend_from_slice(extra);
+        let inv = Invocation::new(&exe, dir.path()).record_args(&args).env("XDG_CACHE_HOME", path_str(&cache)).env("FNSCOPE_PATCH", "copy");
+        let r = inv.run_recorded(&trace);
+        assert_eq!(r.code, 0, "{}", r.describe());
+        let calls: BTreeMap<String, u64> = report(&trace).unwrap().into_iter().map(|f| (f.name, f.calls)).collect();
+        let wrong: Vec<String> = (0..4000)
+            .filter_map(|i| {
+                let want = (i % 3 + 1) as u64;
+                let got = calls.get(&format!("f{i}")).copied();
+                let excluded = extra.contains(&"f1*");
+                let ok = if excluded && format!("f{i}").starts_with("f1") { got.is_none() } else { got == Some(want) };
+                (!ok).then(|| format!("f{i}: {got:?}, want {want}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "run {k}: {} wrong counts: {:?}\n{}", wrong.len(), &wrong[..wrong.len().min(5)], r.stderr);
+        let kept = r.stderr.contains("patched in a copy that took its place (kept for later runs)");
+        let mapped = r.stderr.contains("patched by mapping the copy kept by an earlier run");
+        (kept, mapped, r.stderr)
+    };
+
+    let (kept, mapped, err) = run(1, &[]);
+    assert!(kept && !mapped, "{err}");
+    assert_eq!(code_files(&cache).len(), 1);
+    let (kept, mapped, err) = run(2, &[]);
+    assert!(mapped && !kept, "the kept copy was not used\n{err}");
+
+    // Bytes flipped in the middle: the copy is made again, and kept in place of the damaged one.
+    let file = &code_files(&cache)[0];
+    let mut b = std::fs::read(file).unwrap();
+    let mid = b.len() / 2;
+    b[mid..mid + 64].iter_mut().for_each(|x| *x ^= 0xa5);
+    std::fs::write(file, b).unwrap();
+    let (kept, mapped, err) = run(3, &[]);
+    assert!(kept && !mapped, "a damaged copy was used\n{err}");
+    let (kept, mapped, err) = run(4, &[]);
+    assert!(mapped && !kept, "the copy made again was not kept\n{err}");
+
+    // Other jumps (functions left out) make other code: a file of its own.
+    let (kept, mapped, err) = run(5, &["--exclude", "f1*"]);
+    assert!(kept && !mapped, "{err}");
+    assert_eq!(code_files(&cache).len(), 2);
+
+    // --no-cache neither reads nor keeps.
+    let (kept, mapped, err) = run(6, &["--no-cache"]);
+    assert!(!kept && !mapped, "{err}");
+    assert_eq!(code_files(&cache).len(), 2);
+}
