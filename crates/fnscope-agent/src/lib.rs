@@ -240,6 +240,12 @@ impl Tracer {
                 self.table.system(&obj.path);
                 continue;
             }
+            // A library's own copy of the unwinder (the main executable's was seen to by
+            // `unwind::install`). Count mode leaves return addresses alone.
+            if i != 0 && self.kind == hook::SlotKind::Trace {
+                let own = unwind::install_own(obj, &self.prehooked);
+                self.prehooked.extend(own);
+            }
             let max_id = if self.kind == hook::SlotKind::Count && count::capacity() > 0 { count::capacity() } else { u32::MAX };
             match hook::plan_module(obj, &mut self.table, &self.prehooked, self.kind, max_id, &self.filters) {
                 Ok(r) => {

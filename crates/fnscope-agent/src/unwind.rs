@@ -50,10 +50,10 @@ fn kind_of(name: &str) -> Option<u32> {
         .find_map(|(names, kind)| names.contains(&name).then_some(kind))
 }
 
-/// The unwinder entry points the main executable defines for itself. A program linked with
-/// `-static-libgcc -static-libstdc++` throws through its own copy of the unwinder, whose
-/// symbols are local: `dlsym` cannot see them, but the symbol table the executable is traced
-/// by names them. The analysis read for this is kept for tracing the executable next.
+/// The unwinder entry points a module defines for itself. A program (or a library) linked
+/// with `-static-libgcc -static-libstdc++` throws through its own copy of the unwinder, whose
+/// symbols are local: `dlsym` cannot see them, but the symbol table the module is traced by
+/// names them. The analysis read for this is kept for tracing the module next.
 fn own_copies(main: &Loaded) -> Vec<(u64, u32)> {
     let ra = fnscope_x86::ReturnAddress::Replaced;
     let a = match plan_cache::analyse(&main.path, ra) {
@@ -66,6 +66,24 @@ fn own_copies(main: &Loaded) -> Vec<(u64, u32)> {
         .collect();
     plan_cache::keep_spare(&main.path, ra, a);
     found
+}
+
+/// A library about to be traced (`--lib`, here at start-up or loaded later): pre-hooks the
+/// unwinder entry points it defines for itself, which [`install`] did not see (`known`: the
+/// addresses pre-hooked already). Its exceptions would otherwise meet hooked frames'
+/// return addresses in its own unwinder. Returns the addresses hooked.
+pub fn install_own(obj: &Loaded, known: &[u64]) -> Vec<u64> {
+    let mine: Vec<(u64, u32)> = own_copies(obj).into_iter().filter(|(a, _)| !known.contains(a)).collect();
+    if mine.is_empty() {
+        return Vec::new();
+    }
+    match hook::prehook(obj, &mine, true) {
+        Ok(_) => mine.iter().map(|t| t.0).collect(),
+        Err(e) => {
+            crate::warn(&format!("cannot hook the unwinder in {}: {e}", obj.path.display()));
+            Vec::new()
+        }
+    }
 }
 
 /// Hooks the unwinder entry points and `__cxa_begin_catch` wherever they are defined among

@@ -586,6 +586,51 @@ fn destructors_run_by_the_programs_own_unwinder() {
 }
 
 #[test]
+fn cpp_exceptions_through_a_librarys_own_unwinder() {
+    // A library linked with -static-libgcc -static-libstdc++ and traced with --lib throws
+    // through its own copy of the unwinder, out of dlsym's sight: it met the tool's return
+    // addresses and the program died in std::terminate.
+    let dir = TempDir::new("own-unwinder-lib");
+    let lib = dir.join("libownunw.so");
+    let built = Command::new("g++")
+        .args(["-O2", "-g", "-shared", "-fPIC", "-static-libgcc", "-static-libstdc++", "-I"])
+        .arg(programs_dir())
+        .arg("-o")
+        .arg(&lib)
+        .arg(programs_dir().join("own_unwinder_lib.cpp"))
+        .output()
+        .expect("cannot run g++");
+    assert!(built.status.success(), "g++ failed: {}", String::from_utf8_lossy(&built.stderr));
+    let exe = dir.join("own_unwinder_main");
+    let built = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(programs_dir().join("own_unwinder_main.c"))
+        .arg(format!("-L{}", dir.path().display()))
+        .arg("-lownunw")
+        .arg(format!("-Wl,-rpath,{}", dir.path().display()))
+        .output()
+        .expect("cannot run gcc");
+    assert!(built.status.success(), "gcc failed: {}", String::from_utf8_lossy(&built.stderr));
+    let inv = Invocation::new(&exe, dir.path()).record_args(&["--lib", "libownunw"]);
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let counts = parse_counts(&native.stderr);
+    assert_eq!(counts.len(), 4, "{}", native.describe());
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let mut problems = compare_runs(&native, &traced);
+    match report(&trace) {
+        Ok(stats) => {
+            problems.extend(check_counts(&stats, "libownunw.so", &counts));
+            problems.extend(report_invariants(&stats));
+        }
+        Err(e) => problems.push(e),
+    }
+    assert!(problems.is_empty(), "  - {}\n{}", problems.join("\n  - "), traced.describe());
+}
+
+#[test]
 fn backtraces_see_every_frame() {
     // glibc's backtrace() through hooked frames: it used to stop at the first one (2 frames
     // instead of 7), and the program's output changed with it. -rdynamic names the frames.
