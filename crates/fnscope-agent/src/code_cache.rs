@@ -53,8 +53,12 @@ pub fn file_for<'a>(module: &Path, offset: u64, len: usize, prot: u32, earlier: 
     for (at, bytes) in patches {
         put(&mut key, at, bytes);
     }
-    let name = format!("{}{:016x}{:016x}", fnscope_abi::CODE_CACHE_PREFIX, crate::plan_cache::checksum(&key), crate::plan_cache::fnv(&key));
-    Some(dir.join(name))
+    // 128 bits: the checksum of the key, and of the key under another first word (FNV, a
+    // byte at a time, took a millisecond over the 600 KB of a big module's key).
+    let first = crate::plan_cache::checksum(&key);
+    key[..8].copy_from_slice(b"FNSCODE2");
+    let second = crate::plan_cache::checksum(&key);
+    Some(dir.join(format!("{}{first:016x}{second:016x}", fnscope_abi::CODE_CACHE_PREFIX)))
 }
 
 /// Maps `file`'s code (`len` bytes, read only) where the kernel likes, once its checksum

@@ -508,7 +508,7 @@ fn threads() -> usize {
 }
 
 /// FNV-1a, 64 bits: a file name for a key (the key itself is checked in the file).
-pub(crate) fn fnv(b: &[u8]) -> u64 {
+fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3))
 }
 
