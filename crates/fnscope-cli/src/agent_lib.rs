@@ -26,6 +26,12 @@ pub fn path() -> Result<PathBuf> {
     let mut last_err = None;
     for d in dirs {
         let p = d.join(&name);
+        // What lies there runs inside every traced program (the agent, and the code it
+        // keeps next to it): only from a folder nobody else can write.
+        if let Err(e) = private_folder(&d, uid) {
+            last_err = Some(e);
+            continue;
+        }
         if std::fs::metadata(&p).map(|m| m.len() == AGENT.len() as u64).unwrap_or(false) {
             return Ok(p);
         }
@@ -35,7 +41,32 @@ pub fn path() -> Result<PathBuf> {
         }
     }
     Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no folder to write the agent to")))
-        .context("cannot write the fnscope agent library to a cache folder; set XDG_CACHE_HOME to a writable folder")
+        .context("cannot write the fnscope agent library to a cache folder; set XDG_CACHE_HOME to a folder of yours that no other user may write to")
+}
+
+/// Makes `dir` (only for its owner, when it is new) and checks that it belongs to `uid` and
+/// that no one else may write into it (its group may, when that is the user's own): a folder
+/// in the shared temporary folder may have been made by another user.
+fn private_folder(dir: &std::path::Path, uid: u32) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !dir.is_dir() {
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e).with_context(|| format!("creating {}", dir.display())),
+            _ => {}
+        }
+    }
+    // A symbolic link is followed: what counts is who owns the folder it leads to.
+    let m = std::fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    // Writable by the user's own group is fine (a umask of 002 with a group per user).
+    // SAFETY: getgid cannot fail.
+    let gid = unsafe { libc::getgid() };
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != gid) {
+        anyhow::bail!("{} is not a folder of this user's that only it may write to: not used", dir.display());
+    }
+    Ok(())
 }
 
 fn write_atomically(dir: &std::path::Path, p: &std::path::Path) -> Result<()> {
@@ -111,8 +142,30 @@ fn prune_code_files(dir: &std::path::Path, files: usize, bytes: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::prune_code_files;
+    use super::{private_folder, prune_code_files};
+    use std::os::unix::fs::PermissionsExt;
     use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn only_a_folder_no_one_else_may_write_to_is_used() {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let dir = std::env::temp_dir().join(format!("fnscope-private-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let made = dir.join("new");
+        private_folder(&made, uid).unwrap();
+        assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(private_folder(&made, uid).is_err(), "a folder others may write to was used");
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o775)).unwrap();
+        private_folder(&made, uid).unwrap();
+        assert!(private_folder(&made, uid.wrapping_add(1)).is_err(), "another user's folder was used");
+        std::os::unix::fs::symlink(&made, dir.join("link")).unwrap();
+        private_folder(&dir.join("link"), uid).unwrap();
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o757)).unwrap();
+        assert!(private_folder(&dir.join("link"), uid).is_err(), "a link to a folder others may write to was used");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn code_files_beyond_the_newest_few_are_removed() {
