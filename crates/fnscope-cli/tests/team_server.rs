@@ -491,7 +491,14 @@ fn bad_requests_are_refused_whole() {
         .encode()
         .unwrap();
     let json = zstd::decode_all(&good[..]).unwrap();
-    let corrupt_json = zstd::encode_all(&json[..json.len() / 2], 3).unwrap();
+    let with_checksum = |data: &[u8]| {
+        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        e.include_checksum(true).unwrap();
+        std::io::Write::write_all(&mut e, data).unwrap();
+        e.finish().unwrap()
+    };
+    let corrupt_json = with_checksum(&json[..json.len() / 2]);
+    let no_checksum = zstd::encode_all(&json[..], 3).unwrap();
     let mut flipped = good.clone();
     let mid = flipped.len() / 2;
     flipped[mid] ^= 0x5a;
@@ -507,6 +514,7 @@ fn bad_requests_are_refused_whole() {
         ("truncated", Some(&token), CONTENT_TYPE, good[..good.len() - 7].to_vec(), 400, "truncated or damaged"),
         ("corrupt stream", Some(&token), CONTENT_TYPE, flipped, 400, ""),
         ("corrupt profile", Some(&token), CONTENT_TYPE, corrupt_json, 400, "not a fnscope profile"),
+        ("no checksum", Some(&token), CONTENT_TYPE, no_checksum, 400, "no content checksum"),
     ];
     for (what, tok, ctype, body, status, message) in cases {
         let (got, text) = post(url, tok, ctype, &body);

@@ -1,6 +1,7 @@
 //! What `fnscope upload` sends: the per-function profile of one recorded or merged trace,
 //! computed on the client by [`fnscope_analysis::Profile::load`] (the code `report` and
-//! `merge` use), as JSON compressed with zstd.
+//! `merge` use), as JSON compressed with zstd. The zstd frame carries a checksum of its
+//! content, so a body damaged on the way is refused, not stored with a changed figure.
 //!
 //! The server never sees the trace itself: a profile is a few bytes per function of the
 //! program, a trace can be gigabytes of calls.
@@ -56,6 +57,27 @@ pub enum WireError {
     /// Nothing in it.
     #[error("the upload lists no run")]
     NoRun,
+    /// The zstd frame has no content checksum, so damage could not be told.
+    #[error("the upload carries no content checksum: send it with this version of `fnscope upload`")]
+    NoChecksum,
+}
+
+/// zstd's frame magic number, little-endian.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Whether `body` starts a zstd frame whose header says a content checksum follows it
+/// (bit 2 of the frame header descriptor, RFC 8878 section 3.1.1.1.1.5).
+fn has_checksum(body: &[u8]) -> bool {
+    body.len() > 4 && body[..4] == ZSTD_MAGIC && body[4] & 0b100 != 0
+}
+
+/// `data` compressed as one zstd frame with a content checksum.
+fn compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3)?;
+    e.include_checksum(true)?;
+    e.write_all(data)?;
+    e.finish()
 }
 
 impl Upload {
@@ -71,15 +93,18 @@ impl Upload {
         }
     }
 
-    /// The body to send: JSON, zstd-compressed.
+    /// The body to send: JSON, zstd-compressed with a content checksum.
     pub fn encode(&self) -> Result<Vec<u8>, WireError> {
         let json = serde_json::to_vec(self)?;
-        zstd::encode_all(&json[..], 3).map_err(WireError::Compression)
+        compress(&json).map_err(WireError::Compression)
     }
 
     /// Reads a body, refusing anything incomplete; `limit` is the server's bound on
     /// compressed bodies.
     pub fn decode(body: &[u8], limit: u64) -> Result<Upload, WireError> {
+        if body.len() > 4 && body[..4] == ZSTD_MAGIC && !has_checksum(body) {
+            return Err(WireError::NoChecksum);
+        }
         let bound = limit.saturating_mul(INFLATE_FACTOR);
         let mut json = Vec::new();
         zstd::stream::read::Decoder::new(body)
@@ -146,10 +171,32 @@ mod tests {
             Upload::decode(&empty.encode().unwrap(), 1 << 20),
             Err(WireError::NoRun)
         ));
-        let zeros = zstd::encode_all(&vec![b' '; 10_000][..], 3).unwrap();
+        let zeros = compress(&vec![b' '; 10_000]).unwrap();
         assert!(matches!(
             Upload::decode(&zeros, 100),
             Err(WireError::TooLarge(6400))
+        ));
+    }
+
+    #[test]
+    fn a_flipped_byte_never_changes_what_is_read() {
+        let body = upload().encode().unwrap();
+        assert!(has_checksum(&body));
+        // The frame header is outside the checksum, so damage there may be refused or
+        // harmless (a larger window, say); it must never change the content.
+        for i in 0..body.len() {
+            for bit in 0..8 {
+                let mut bad = body.clone();
+                bad[i] ^= 1 << bit;
+                if let Ok(u) = Upload::decode(&bad, 1 << 20) {
+                    assert_eq!(u, upload(), "byte {i} bit {bit} flipped changed the upload");
+                }
+            }
+        }
+        let json = serde_json::to_vec(&upload()).unwrap();
+        assert!(matches!(
+            Upload::decode(&zstd::encode_all(&json[..], 3).unwrap(), 1 << 20),
+            Err(WireError::NoChecksum)
         ));
     }
 }
