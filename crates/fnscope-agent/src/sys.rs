@@ -344,7 +344,7 @@ fn map_fd(fd: usize, len: usize) -> Result<usize, Errno> {
     const PROT_READ: usize = 1;
     const MAP_PRIVATE: usize = 2;
     // SAFETY: a new mapping placed by the kernel changes no existing memory.
-    check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) }).map(|a| a as usize)
+    check(unsafe { syscall6(SYS_MMAP, 0, len, PROT_READ, MAP_PRIVATE, fd, 0) })
 }
 
 /// Writes `data` to `path` (created or truncated) without the C library.

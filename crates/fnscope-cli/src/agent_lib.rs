@@ -130,7 +130,7 @@ fn prune_code_files(dir: &std::path::Path, files: usize, bytes: u64) {
         }
         kept.push((modified, m.len(), e.path()));
     }
-    kept.sort_by(|a, b| b.0.cmp(&a.0));
+    kept.sort_by_key(|k| std::cmp::Reverse(k.0));
     let mut total = 0;
     for (i, (_, len, path)) in kept.into_iter().enumerate() {
         total += len;

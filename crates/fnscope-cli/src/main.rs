@@ -34,6 +34,8 @@ enum TokenCommand {
     },
 }
 
+// One command is parsed per run: a boxed `Record` would only make its fields harder to reach.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run a program with every hookable function traced, writing the trace to a folder.

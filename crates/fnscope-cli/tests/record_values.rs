@@ -164,7 +164,7 @@ fn sqlite3_reports_out_of_memory_when_malloc_fails() {
     let sqlite = find_in_path("sqlite3").expect("sqlite3 is missing: .ci/run installs it");
     let dir = TempDir::new("values-sqlite");
     let sql = b"create table t(a); insert into t values(1); select * from t;\n";
-    let native = run(&mut Command::new(&sqlite).arg(":memory:"), sql, Duration::from_secs(30));
+    let native = run(Command::new(&sqlite).arg(":memory:"), sql, Duration::from_secs(30));
     assert_eq!((native.code, native.stdout.as_str()), (0, "1\n"));
     let trace = dir.path().join("t");
     let mut cmd = Command::new(fnscope());
