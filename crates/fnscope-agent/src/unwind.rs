@@ -5,7 +5,8 @@
 //! address is `fnscope_exit`, which it cannot unwind. So the unwinder's entry points get a
 //! pre-hook that puts the real return addresses back
 //! ([`crate::thread::unwind_begins`]); the start of a `catch` block
-//! (`__cxa_begin_catch`) records the frames that are gone and re-arms the live ones
+//! (`__cxa_begin_catch`, or `__rust_panic_cleanup` where Rust's `catch_unwind` takes a panic
+//! in) records the frames that are gone and re-arms the live ones
 //! ([`crate::thread::unwind_caught`]). A walk that only reads the stack (`_Unwind_Backtrace`,
 //! behind glibc's `backtrace` and Rust's `std::backtrace`) gives every hooked frame its return
 //! address back until the walk is over ([`crate::thread::backtrace_begins`]): the program's
@@ -26,7 +27,10 @@ pub const KIND_WALK: u32 = 3;
 const KIND_BACKTRACE: u32 = 4;
 
 const BEGIN: &[&str] = &["_Unwind_RaiseException", "_Unwind_ForcedUnwind", "_Unwind_Resume_or_Rethrow"];
-const CAUGHT: &[&str] = &["__cxa_begin_catch"];
+/// Rust's `catch_unwind` catches without `__cxa_begin_catch`: its landing pad hands the
+/// exception to `__rust_panic_cleanup` (through `do_catch`, often inlined), whose stack pointer
+/// is then at or just below the catching frame's.
+const CAUGHT: &[&str] = &["__cxa_begin_catch", "__rust_panic_cleanup"];
 const BACKTRACE: &[&str] = &["_Unwind_Backtrace"];
 
 /// Called by `fnscope_prehook` with the kind, the stack pointer at the hooked function's
@@ -43,8 +47,16 @@ extern "C" fn fnscope_prehook_handler(kind: u32, rsp: u64, exception: u64) {
     }
 }
 
-/// The pre-hook kind of the unwinder entry point `name`, if it is one.
+/// The pre-hook kind of the unwinder entry point `name` (a symbol table's spelling), if it
+/// is one.
 fn kind_of(name: &str) -> Option<u32> {
+    // Rust's standard library symbols are v0-mangled from Rust 1.8x on, with the crate's hash
+    // in them: `_RNvCs<hash>_7___rustc20___rust_panic_cleanup` (a length, and a `_` before
+    // an identifier that starts with one).
+    let name = match name.strip_prefix("_RNvCs").and_then(|n| n.split_once("_7___rustc")) {
+        Some((_, rest)) => rest.trim_start_matches(|c: char| c.is_ascii_digit()).strip_prefix('_').unwrap_or(rest),
+        None => name,
+    };
     [(BEGIN, KIND_BEGIN), (CAUGHT, KIND_CAUGHT), (BACKTRACE, KIND_BACKTRACE)]
         .into_iter()
         .find_map(|(names, kind)| names.contains(&name).then_some(kind))
@@ -120,4 +132,20 @@ pub fn install(objs: &[Loaded]) -> (usize, Vec<u64>) {
         }
     }
     (n, targets.iter().map(|t| t.0).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_are_known_by_their_symbol_names() {
+        assert_eq!(kind_of("_Unwind_RaiseException"), Some(KIND_BEGIN));
+        assert_eq!(kind_of("__cxa_begin_catch"), Some(KIND_CAUGHT));
+        assert_eq!(kind_of("__rust_panic_cleanup"), Some(KIND_CAUGHT));
+        assert_eq!(kind_of("_RNvCsfLfy6EI15iL_7___rustc20___rust_panic_cleanup"), Some(KIND_CAUGHT));
+        assert_eq!(kind_of("_RNvCsfLfy6EI15iL_7___rustc18___rust_start_panic"), None);
+        assert_eq!(kind_of("_Unwind_Backtrace"), Some(KIND_BACKTRACE));
+        assert_eq!(kind_of("main"), None);
+    }
 }

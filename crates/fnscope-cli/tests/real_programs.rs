@@ -258,6 +258,11 @@ fn rust_program_built_with_cargo() {
         + calls_of(&stats, "rust_app", "<rust_app::Circle as rust_app::Shape>::area").0;
     assert_eq!(area, own("area"));
     assert_eq!(calls_of(&stats, "rust_app", "rust_app::may_panic").0, 8);
+    // The two panics leave may_panic and the panic machinery's frames, which end late (as
+    // unwound); the catch in main gives main its exit hook back, so its end is exact.
+    let late = unwound_calls(&dir.join("trace"));
+    assert_eq!(late.iter().filter(|n| *n == "rust_app::may_panic").count(), 2, "{late:?}");
+    assert!(!late.iter().any(|n| n.contains("main") || n.contains("lang_start")), "{late:?}");
 }
 
 #[test]

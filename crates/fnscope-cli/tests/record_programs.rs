@@ -645,20 +645,6 @@ fn backtraces_see_every_frame() {
     assert!(!late.iter().any(|n| n == "main"), "main's end is late: {late:?}");
 }
 
-/// The names of the calls `replay` shows as unwound (ended late), one per call.
-fn unwound_calls(trace: &Path) -> Vec<String> {
-    let r = fnscope_cmd(&["replay", "-i", path_str(trace)]);
-    assert_eq!(r.code, 0, "replay failed\n{}", r.describe());
-    r.stdout
-        .lines()
-        .filter_map(|l| {
-            let inside = l.split_once("/* ")?.1.strip_suffix(", unwound */").or_else(|| l.ends_with("/* unwound */").then_some(""))?;
-            let name = if inside.is_empty() { l.split_once("| ")?.1.trim().split('(').next()? } else { inside };
-            Some(name.split('(').next().unwrap_or(name).trim().to_string())
-        })
-        .collect()
-}
-
 #[test]
 fn backtraces_from_signals_that_land_anywhere() {
     // The handler's walk and the re-arming after it, with the signal cutting the tool's

@@ -547,3 +547,17 @@ pub fn summary_counts(stderr: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("no call count in {line:?}"));
     (calls, number_before(" calls lost").unwrap_or(0))
 }
+
+/// The names of the calls `replay` shows as unwound (ended late), one per call.
+pub fn unwound_calls(trace: &Path) -> Vec<String> {
+    let r = fnscope_cmd(&["replay", "-i", path_str(trace)]);
+    assert_eq!(r.code, 0, "replay failed\n{}", r.describe());
+    r.stdout
+        .lines()
+        .filter_map(|l| {
+            let inside = l.split_once("/* ")?.1.strip_suffix(", unwound */").or_else(|| l.ends_with("/* unwound */").then_some(""))?;
+            let name = if inside.is_empty() { l.split_once("| ")?.1.trim().split('(').next()? } else { inside };
+            Some(name.split('(').next().unwrap_or(name).trim().to_string())
+        })
+        .collect()
+}
