@@ -274,8 +274,18 @@ impl ImageTable {
 /// process to process; the first module's functions after them are the same for every
 /// process of a program (the analysis they come from depends on the binary alone), so a
 /// writer can store them once.
+///
+/// Line by line, stopping at the first body line: a search for each keyword would go through
+/// a big program's whole table (megabytes) for a kind of line it lacks.
 pub(crate) fn body_start(text: &str) -> usize {
-    ["\nfunc\t", "\nskip\t"].into_iter().filter_map(|kw| text.find(kw)).min().map_or(text.len(), |at| at + 1)
+    let mut at = 0;
+    while let Some(nl) = text[at..].find('\n') {
+        at += nl + 1;
+        if text[at..].starts_with("func\t") || text[at..].starts_with("skip\t") {
+            return at;
+        }
+    }
+    text.len()
 }
 
 fn dec<T: std::str::FromStr>(s: &str) -> Option<T> {
@@ -300,6 +310,17 @@ mod tests {
 module\t0\t0x5555\tabcdef\t/bin/prog\nmodule\t1\t7f00\t-\t/lib/libc.so.6\n\
 func\t1\t0\t1130\t20\t_ZN3foo3barEv\nfunc\t0\t0\t0x1100\t10\tmain\n\
 skip\t1\t2000\t3\ttoo-short\t3 bytes\tshort\tname\nfuture\tstuff\n";
+
+    #[test]
+    fn the_body_starts_at_the_first_function_or_skip_line() {
+        let head = "fnscope-image\t1\npid\t42\nmodule\t0\t0\t-\t/bin/prog\n";
+        for body in ["func\t0\t0\t10\t1\tf\nskip\t0\t20\t1\tx\ty\n", "skip\t0\t20\t1\tx\ty\nfunc\t0\t0\t10\t1\tf\n"] {
+            let text = format!("{head}{body}");
+            assert_eq!(body_start(&text), head.len());
+        }
+        assert_eq!(body_start(head), head.len());
+        assert_eq!(body_start("func\t0\t0\t10\t1\tf\n"), "func\t0\t0\t10\t1\tf\n".len(), "the first line is the header's");
+    }
 
     #[test]
     fn parses_and_round_trips() {
