@@ -653,6 +653,30 @@ fn backtraces_from_signals_that_land_anywhere() {
 }
 
 #[test]
+fn a_function_that_loops_back_to_its_entry_is_left_alone() {
+    // loop_to_entry.c: spin jumps back to its own first byte 200,000 times. Hooked, every turn
+    // entered spin again: in timing mode nested calls until the shadow stack was full (65,535
+    // spin calls, the work calls past them dropped without a word), in count mode 200,001 spin
+    // calls. It is skipped; work's calls are all there, in both modes.
+    let dir = TempDir::new("loop-to-entry");
+    let prog = compile("loop_to_entry.c", dir.path(), "loop_to_entry", &["-O2"]);
+    for mode in ["time", "count"] {
+        let trace = dir.join(mode);
+        let r = fnscope_cmd(&["record", "--mode", mode, "-o", path_str(&trace), "--", path_str(&prog), "200000"]);
+        assert_eq!((r.code, r.signal), (0, None), "{mode}: {}", r.describe());
+        // main and work's 200,000: nothing more, nothing lost.
+        assert_eq!(summary_counts(&r.stderr), (200_001, 0), "{mode}: {}", r.describe());
+        if mode == "time" {
+            let stats = report(&trace).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(calls_of(&stats, "loop_to_entry", "work").0, 200_000);
+        }
+    }
+    let funcs = fnscope_cmd(&["funcs", path_str(&prog)]);
+    let line = funcs.stdout.lines().find(|l| l.contains(" spin ")).unwrap_or_else(|| panic!("{}", funcs.describe()));
+    assert!(line.contains("branch-into-patch") && line.contains("back to the entry"), "{line}");
+}
+
+#[test]
 fn rearming_after_a_walk_spares_frames_in_a_stub() {
     // rearm_race.c single-steps through fnscope's exit and entry stubs and, with untraced
     // handlers, walks the stack where re-arming a frame would send its return astray (into

@@ -312,7 +312,9 @@ pub fn analyze_with_kept_entries(inv: &Inventory, data: &[u8], ra: ReturnAddress
         .map(|&a| {
             let f = inv.functions.get(inv.functions.partition_point(|f| f.address < a)).filter(|f| f.address == a)?;
             match local(inv, data, f, ReturnAddress::Kept, None) {
-                Local::Open(Open { entry: Ok(len), .. }) if branch_into(&module, a, len, len).is_none() => {
+                Local::Open(Open { entry: Ok(len), .. })
+                    if branch_into(&module, a, len, len).is_none() && loops_back_to_entry(&module, inv, data, f).is_none() =>
+                {
                     Some(Hook { relocate_len: len as u8, form: HookForm::Entry })
                 }
                 _ => None,
@@ -336,6 +338,10 @@ fn verdicts_for(inv: &Inventory, data: &[u8], ra: ReturnAddress, mut module: Mod
             }
             continue;
         };
+        if let Some(detail) = loops_back_to_entry(&module, inv, data, f) {
+            verdicts.push(skip(skip_reason::BRANCH_INTO_PATCH, detail));
+            continue;
+        }
         let v = match &open.entry {
             Ok(len) => match branch_into(&module, f.address, *len, *len) {
                 None => hookable(*len, HookForm::Entry),
@@ -632,6 +638,24 @@ fn branch_into(module: &Module, start: u64, overwritten: usize, moved: usize) ->
             };
             format!("{what} from {:#x} into +{}", r.source, r.target - start)
         })
+}
+
+/// A jump (not a call) from inside function `f` back to its own first byte: a loop gcc makes
+/// of `for (;;) g();`. Hooked, every turn would enter the function again without returning
+/// (a nested call each time in timing mode, until the shadow stack is full; one more call
+/// counted in count mode), so such a function is left alone.
+fn loops_back_to_entry(module: &Module, inv: &Inventory, data: &[u8], f: &Function) -> Option<String> {
+    let end = f.address.saturating_add(f.size);
+    module
+        .refs_into(f.address, f.address + 1)
+        .iter()
+        .filter(|r| r.kind == RefKind::Branch && r.source > f.address && r.source < end)
+        .find(|r| {
+            let Some(bytes) = inv.code_bytes(data, r.source) else { return false };
+            let mut d = Decoder::with_ip(64, bytes, r.source, DecoderOptions::NONE);
+            !is_call(&d.decode())
+        })
+        .map(|r| format!("jump from {:#x} back to the entry (a loop)", r.source))
 }
 
 /// Offset of the first instruction in `[start, end)` that accesses memory inside
