@@ -491,13 +491,7 @@ fn bad_requests_are_refused_whole() {
         .encode()
         .unwrap();
     let json = zstd::decode_all(&good[..]).unwrap();
-    let with_checksum = |data: &[u8]| {
-        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
-        e.include_checksum(true).unwrap();
-        std::io::Write::write_all(&mut e, data).unwrap();
-        e.finish().unwrap()
-    };
-    let corrupt_json = with_checksum(&json[..json.len() / 2]);
+    let corrupt_json = fnscope_server::wire::compress(&json[..json.len() / 2]).unwrap();
     let no_checksum = zstd::encode_all(&json[..], 3).unwrap();
     let mut flipped = good.clone();
     let mid = flipped.len() / 2;

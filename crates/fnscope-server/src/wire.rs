@@ -65,14 +65,14 @@ pub enum WireError {
 /// zstd's frame magic number, little-endian.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
-/// Whether `body` starts a zstd frame whose header says a content checksum follows it
+/// Whether `body` starts a zstd frame whose header says no content checksum follows it
 /// (bit 2 of the frame header descriptor, RFC 8878 section 3.1.1.1.1.5).
-fn has_checksum(body: &[u8]) -> bool {
-    body.len() > 4 && body[..4] == ZSTD_MAGIC && body[4] & 0b100 != 0
+fn lacks_checksum(body: &[u8]) -> bool {
+    body.starts_with(&ZSTD_MAGIC) && body.get(4).is_some_and(|d| d & 0b100 == 0)
 }
 
-/// `data` compressed as one zstd frame with a content checksum.
-fn compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+/// `data` compressed as one zstd frame with a content checksum, as upload bodies are.
+pub fn compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
     let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3)?;
     e.include_checksum(true)?;
@@ -102,7 +102,7 @@ impl Upload {
     /// Reads a body, refusing anything incomplete; `limit` is the server's bound on
     /// compressed bodies.
     pub fn decode(body: &[u8], limit: u64) -> Result<Upload, WireError> {
-        if body.len() > 4 && body[..4] == ZSTD_MAGIC && !has_checksum(body) {
+        if lacks_checksum(body) {
             return Err(WireError::NoChecksum);
         }
         let bound = limit.saturating_mul(INFLATE_FACTOR);
@@ -181,7 +181,7 @@ mod tests {
     #[test]
     fn a_flipped_byte_never_changes_what_is_read() {
         let body = upload().encode().unwrap();
-        assert!(has_checksum(&body));
+        assert!(body.starts_with(&ZSTD_MAGIC) && !lacks_checksum(&body));
         // The frame header is outside the checksum, so damage there may be refused or
         // harmless (a larger window, say); it must never change the content.
         for i in 0..body.len() {
