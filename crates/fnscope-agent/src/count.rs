@@ -123,12 +123,13 @@ pub fn set_nfuncs(n: u32) {
 /// `fnscope_count_init` with every register saved.
 #[no_mangle]
 extern "C" fn fnscope_count_thread_init() {
-    let dummy = DUMMY.load(Ordering::Relaxed) as *mut crate::thread::ThreadState;
+    let dummy = sink();
     // Counting into the private dummy first keeps hooked functions called from here (libc's,
-    // when libc is hooked) out of this path.
+    // when libc is hooked) out of this path. So does it while the agent sets up: those calls
+    // are its own (see `setup_done`).
     // SAFETY: sets this thread's TLS word.
     unsafe { stubs::fnscope_tls_set(dummy) };
-    if header().is_null() {
+    if header().is_null() || !crate::active() {
         return;
     }
     let (pid, tid) = (sys::getpid(), sys::gettid());
@@ -137,13 +138,13 @@ extern "C" fn fnscope_count_thread_init() {
         if state(b).compare_exchange(BLOCK_FREE, BLOCK_LIVE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             // SAFETY: aligned u32 in the header.
             unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).blocks_used)) }.fetch_max(i + 1, Ordering::Relaxed);
+            crate::thread::register_exit();
             // SAFETY: the block is ours now.
             unsafe {
                 (*b).pid = pid;
                 (*b).tid = tid;
                 stubs::fnscope_tls_set(counters(b) as *mut crate::thread::ThreadState);
             }
-            crate::thread::register_exit();
             return;
         }
     }
@@ -151,11 +152,28 @@ extern "C" fn fnscope_count_thread_init() {
     unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).threads_lost)) }.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The counters that hooked functions count into while the agent's own code runs (see
+/// [`crate::thread::Quiet`]); null before [`create`].
+pub fn sink() -> *mut crate::thread::ThreadState {
+    DUMMY.load(Ordering::Relaxed) as *mut crate::thread::ThreadState
+}
+
+/// End of start-up, on the thread that set up: the hooked calls it made until now were the
+/// agent's and went to the sink; its next one takes counters of its own.
+pub fn setup_done() {
+    // SAFETY: reads and sets this thread's TLS word.
+    unsafe {
+        if stubs::fnscope_tls_get() == sink() {
+            stubs::fnscope_tls_set(core::ptr::null_mut());
+        }
+    }
+}
+
 /// Thread exit in count mode: add this thread's counts to block 0 and free its block.
 pub fn thread_exit() {
     // SAFETY: reads this thread's TLS word.
     let c = unsafe { stubs::fnscope_tls_get() } as u64;
-    let dummy = DUMMY.load(Ordering::Relaxed);
+    let dummy = sink() as u64;
     if c == 0 || c == dummy || header().is_null() {
         return;
     }

@@ -18,6 +18,7 @@ pub mod count;
 pub mod exec;
 pub mod filter;
 pub mod hook;
+mod mem;
 pub mod mono;
 pub mod plan_cache;
 pub mod region;
@@ -182,6 +183,7 @@ extern "C" fn agent_init(_argc: libc::c_int, _argv: *const *const libc::c_char, 
 }
 
 extern "C" fn agent_fini() {
+    let _quiet = crate::thread::quiet();
     region::check_recorder();
     thread::process_exit();
 }
@@ -363,7 +365,13 @@ fn setup(settings: Settings) -> Result<(), String> {
     }
     *TRACER.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
     ACTIVE.store(true, Ordering::Release);
-    mono::attach();
+    {
+        let _quiet = thread::quiet();
+        mono::attach();
+    }
+    if counting {
+        count::setup_done();
+    }
     Ok(())
 }
 
@@ -388,6 +396,7 @@ pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_in
     // SAFETY: `real` is the next definition of dlopen, with the same signature.
     let h = unsafe { std::mem::transmute::<usize, DlopenFn>(real)(filename, flags) };
     if !h.is_null() && active() {
+        let _quiet = thread::quiet();
         mono::mappings_changed();
         mono::attach();
         let mut g = TRACER.lock().unwrap_or_else(|e| e.into_inner());

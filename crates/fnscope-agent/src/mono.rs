@@ -172,6 +172,7 @@ pub fn attach() {
 /// not yet published (other threads cannot reach it): hook it now. Code of other kinds
 /// (trampolines, helpers) is not a method of the program's.
 extern "C" fn jit_code_buffer(_prof: *mut c_void, buffer: *const u8, size: u64, kind: c_int, data: *const c_void) {
+    let _quiet = crate::thread::quiet();
     if kind == CODE_BUFFER_METHOD && !data.is_null() {
         hook_reported(data as *mut c_void, buffer as u64, size);
     }
@@ -181,6 +182,7 @@ extern "C" fn jit_code_buffer(_prof: *mut c_void, buffer: *const u8, size: u64, 
 /// buffer was reported (this comes after Mono published it, when another thread may be
 /// running it already); code loaded ahead of time is hooked here.
 extern "C" fn jit_done(_prof: *mut c_void, method: *mut c_void, jinfo: *mut c_void) {
+    let _quiet = crate::thread::quiet();
     let Some(api) = API.get() else { return };
     if jinfo.is_null() {
         return;
@@ -228,6 +230,7 @@ fn hook_reported(method: *mut c_void, start: u64, size: u64) {
 /// Mono frees `method`'s code (dynamic methods, unloaded domains). Nothing runs it any more;
 /// forgetting it lets code compiled later at the same address be hooked under its own name.
 extern "C" fn method_free(_prof: *mut c_void, method: *mut c_void) {
+    let _quiet = crate::thread::quiet();
     mappings_changed();
     crate::with_tracer(|_| {
         let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());

@@ -39,7 +39,8 @@
 //! - Anything rare (first call of a thread, full buffer, frames skipped by longjmp or an
 //!   exception, noticed at the next entry or exit) goes to Rust code through `SAVE_ALL`/`RESTORE_ALL`, which preserve all
 //!   general-purpose registers and xmm0-15 and align the stack; the Rust side makes raw system
-//!   calls only.
+//!   calls only, and copies and compares with the agent's own functions ([`crate::mem`]), so
+//!   that nothing it calls is hooked, even with libc traced.
 //!
 //! Thread-state offsets used here are checked against [`crate::thread::ThreadState`] by
 //! compile-time assertions there.

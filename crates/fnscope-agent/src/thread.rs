@@ -229,14 +229,102 @@ fn disabled() -> *mut ThreadState {
     DISABLED.0.get()
 }
 
-/// This thread's live state, if it has one.
+/// This thread's live state, if it has one (never in count mode, whose TLS word points at
+/// the thread's counters).
 pub fn current() -> Option<*mut ThreadState> {
+    if crate::count_mode() {
+        return None;
+    }
     // SAFETY: reads this thread's TLS word.
     let st = unsafe { stubs::fnscope_tls_get() };
     if st.is_null() || st == disabled() {
         None
     } else {
         Some(st)
+    }
+}
+
+/// While alive, the hooked functions this thread calls run untraced: they are the agent's
+/// own calls (its `dlsym`, `pthread_setspecific` or `getcwd`, when libc is traced with
+/// `--lib libc`), not the program's, which would otherwise be recorded (or counted) at the
+/// depth of whatever the program was doing. The agent code that runs on a program's thread
+/// after start-up takes one: the fork, exit, thread-exit, `dlopen`, `exec` and Mono hooks.
+/// (The stubs' slow paths call no C library function at all: see [`crate::mem`].)
+///
+/// Signals are blocked meanwhile, so that a handler (the program's code, to be traced) never
+/// runs with the thread quiet, nor jumps out of the agent code leaving it so.
+#[must_use]
+pub struct Quiet {
+    how: QuietHow,
+    mask: Option<u64>,
+}
+
+enum QuietHow {
+    /// Nothing to do: no thread state, or an outer `Quiet` is in force.
+    Nothing,
+    /// A traced thread: its `ss_limit` is 0 meanwhile, so that entry stubs take their
+    /// untraced path.
+    Limit(*mut ThreadState, u64),
+    /// No traced state (a thread not set up yet, or count mode): the TLS word points at a
+    /// state that records or counts nothing.
+    Swap { prev: *mut ThreadState, sink: *mut ThreadState },
+}
+
+/// [`Quiet`] for the calling thread.
+pub fn quiet() -> Quiet {
+    // SAFETY: reads this thread's TLS word.
+    let w = unsafe { stubs::fnscope_tls_get() };
+    let nothing = Quiet { how: QuietHow::Nothing, mask: None };
+    let sink = if crate::count_mode() {
+        crate::count::sink()
+    } else if w.is_null() {
+        disabled()
+    } else {
+        // SAFETY: a non-null TLS word in timing mode is this thread's state, or DISABLED
+        // (limit 0). `ss_limit` goes to 0 once signals are blocked.
+        unsafe {
+            let limit = read_volatile(addr_of_mut!((*w).ss_limit));
+            if limit == 0 {
+                return nothing;
+            }
+            let mask = sys::block_signals();
+            write_volatile(addr_of_mut!((*w).ss_limit), 0);
+            return Quiet { how: QuietHow::Limit(w, limit), mask: Some(mask) };
+        }
+    };
+    if sink.is_null() || w == sink {
+        return nothing;
+    }
+    let mask = sys::block_signals();
+    // SAFETY: sets this thread's TLS word; `Drop` puts it back.
+    unsafe { stubs::fnscope_tls_set(sink) };
+    Quiet { how: QuietHow::Swap { prev: w, sink }, mask: Some(mask) }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        // SAFETY: reads this thread's TLS word.
+        let w = unsafe { stubs::fnscope_tls_get() };
+        match self.how {
+            QuietHow::Nothing => {}
+            // The agent code may have moved the state (fork) or ended it (thread exit): the
+            // state in the TLS word now had its limit set by that code.
+            QuietHow::Limit(st, limit) => {
+                if w == st {
+                    // SAFETY: `st` is still this thread's state.
+                    unsafe { write_volatile(addr_of_mut!((*st).ss_limit), limit) };
+                }
+            }
+            QuietHow::Swap { prev, sink } => {
+                if w == sink {
+                    // SAFETY: sets this thread's TLS word back.
+                    unsafe { stubs::fnscope_tls_set(prev) };
+                }
+            }
+        }
+        if let Some(mask) = self.mask {
+            sys::restore_signals(mask);
+        }
     }
 }
 
@@ -400,6 +488,7 @@ extern "C" fn thread_exit(_registered: *mut libc::c_void) {
     let Some(st) = current() else { return };
     let here = 0u8;
     let sp = core::ptr::addr_of!(here) as u64;
+    let _quiet = quiet();
     // SAFETY: `st` is this thread's live state. Entries still
     // on its shadow stack are calls that `pthread_exit` (a forced unwind) or a cancellation
     // ended, or hooked frames that return only after this destructor (libc's `start_thread`
@@ -501,6 +590,8 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
         let mut alt_asked = None;
         let mut alt = || *alt_asked.get_or_insert_with(|| sys::alt_stack().map_or(Range(0, 0), |(lo, hi)| Range(lo, hi)));
         let mut k = slot;
+        // The top of a run of signal-stack entries not known to be gone yet.
+        let mut undecided: Option<u64> = None;
         while k > base {
             let e = (k - 32) as *const ShadowEntry;
             // The call this handler interrupted in its entry or exit stub: not gone.
@@ -511,17 +602,34 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             // a frame in memory its caller reserved) is alive: the call returns into its code.
             // Running on the thread's own stack, a frame on its signal stack whose slot no
             // longer holds the exit stub is gone: the handler returned (after a backtrace
-            // disarmed it) or jumped out. One whose slot does may be a handler's context that
-            // a scheduler switched away from, to resume later: it stays.
+            // disarmed it) or jumped out. One whose slot does is gone if the frame its handler
+            // interrupted is (a `siglongjmp` out of the handler, then calls from as high up):
+            // the handler could only return into it. Otherwise it may be a handler's context
+            // that a scheduler switched away from, to resume later: it stays.
             let dead = if own.holds((*e).slot) {
-                ((*e).slot < rsp && !in_function((*e).id & 0xffff_ffff, ret)) || ((*e).slot == rsp && !tail_call)
+                Some(((*e).slot < rsp && !in_function((*e).id & 0xffff_ffff, ret)) || ((*e).slot == rsp && !tail_call))
+            } else if gone_stack((*e).slot) {
+                Some(true)
+            } else if alt().holds((*e).slot) {
+                if holds_exit_stub((*e).slot) {
+                    None
+                } else {
+                    Some(true)
+                }
             } else {
-                gone_stack((*e).slot) || (alt().holds((*e).slot) && !holds_exit_stub((*e).slot))
+                Some(false)
             };
-            if !dead {
-                break;
+            match dead {
+                Some(false) => break,
+                Some(true) => undecided = None,
+                None => {
+                    undecided.get_or_insert(k);
+                }
             }
             k -= 32;
+        }
+        if let Some(top) = undecided {
+            k = top;
         }
         if k == slot {
             return 0;
@@ -754,6 +862,7 @@ extern "C" fn before_fork() {
         return;
     }
     let Some(st) = current() else { return };
+    let _quiet = quiet();
     // SAFETY: `st` is this thread's state; signals are blocked while it moves.
     unsafe {
         if (*st).slot == 0 {
@@ -771,6 +880,7 @@ extern "C" fn before_fork() {
 /// After `fork`, in the parent: the state goes back to its slot.
 extern "C" fn after_fork_parent() {
     let Some(copy) = current() else { return };
+    let _quiet = quiet();
     // SAFETY: `copy` is this thread's private copy from `before_fork`; signals are blocked while
     // it moves back.
     unsafe {
@@ -797,6 +907,7 @@ extern "C" fn after_fork_child() {
     let Some(st) = current() else { return };
     let here = 0u8;
     let sp = core::ptr::addr_of!(here) as u64;
+    let _quiet = quiet();
     // SAFETY: `st` is this thread's state; the child has only this thread. A call belongs to
     // the process that entered it: calls open at the fork are the parent's (it records them,
     // and count mode counted them there), so in the child they return past the exit stub and
@@ -827,6 +938,7 @@ extern "C" fn after_fork_child() {
 /// carrying the current image session id.
 pub fn restart_stream() {
     let Some(st) = current() else { return };
+    let _quiet = quiet();
     // SAFETY: `st` is this thread's state; `in_slow` keeps a signal handler's records out of
     // the chunk while it is swapped.
     unsafe {
@@ -1391,6 +1503,7 @@ pub fn exec_begins() -> Option<(u64, usize)> {
         if (*st).pid != sys::getpid() || (*st).exited != 0 || (*st).in_slow != 0 {
             return None;
         }
+        let _quiet = quiet();
         let base = (*st).ss_base;
         // `--min-duration`: outer calls started earlier, so the calls long enough are the
         // outermost ones.
@@ -1443,6 +1556,7 @@ pub fn exec_begins() -> Option<(u64, usize)> {
 /// [`exec_begins`] are wiped.
 pub fn exec_failed(pending: Option<(u64, usize)>) {
     let Some((at, n)) = pending else { return };
+    let _quiet = quiet();
     if let Some(st) = current() {
         // SAFETY: this thread's state.
         unsafe { mark_closed(st, false) };
@@ -1471,6 +1585,7 @@ pub fn process_exit() {
     if unsafe { (*st).pid } != sys::getpid() {
         return;
     }
+    let _quiet = quiet();
     // SAFETY: `st` is this thread's state. Entries are not popped: `exit` never returns into
     // those frames, and leaving them keeps the stack consistent for hooked code that still
     // runs after us (later destructors), whose records are dropped.

@@ -866,3 +866,30 @@ fn bad_inputs_give_one_line_errors() {
     assert_eq!(m["sources"], "module-missing", "{m}");
     assert!(u(m, "executed") > 0, "{m}");
 }
+
+#[test]
+fn count_mode_fork_with_every_counter_in_use() {
+    // The parent's fork hook took the thread's counters for a thread state: with counters
+    // that were not 0 where the state's fork slot lies, the parent crashed after fork()
+    // (python3 did). Here every one of the first 200 ids has counted a call.
+    let dir = TempDir::new("count-fork");
+    let mut src = String::from("#include <stdio.h>\n#include <unistd.h>\n#include <sys/wait.h>\n");
+    for i in 0..200 {
+        src += &format!("int f{i}(int x) {{ return x * 3 + {i}; }}\n");
+    }
+    src += "int main(void)\n{\n    int s = 0;\n";
+    for i in 0..200 {
+        src += &format!("    s = f{i}(s) % 100003;\n");
+    }
+    src += "    pid_t child = fork();\n    if (child == 0)\n        _exit(7);\n    int status;\n    waitpid(child, &status, 0);\n    printf(\"%d %d\\n\", s, WEXITSTATUS(status));\n    return 0;\n}\n";
+    let exe = compile_c_text(dir.path(), "forker", &src);
+    let inv = Invocation::new(&exe, dir.path()).record_args(&["--mode", "count"]);
+    let native = inv.run_native();
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let got = report_by_name(&["-i", path_str(&trace)], "forker");
+    let want: BTreeMap<String, u64> = (0..200).map(|i| (format!("f{i}"), 1)).collect();
+    check_calls(&got, &want.iter().map(|(k, v)| (k.as_str(), *v)).collect());
+}

@@ -92,6 +92,40 @@ fn same_under_record(inv: &Invocation, trace: &Path) -> Run {
 }
 
 #[test]
+fn python3_threads_and_fork_with_libc_hooked_in_both_modes() {
+    // In count mode, the fork hook of the parent took the thread's counters for a thread
+    // state, and python3 (whose counter there is not 0) crashed after os.fork().
+    let Some(python) = require(Some(PathBuf::from("/usr/bin/python3.11")), "/usr/bin/python3.11") else {
+        return;
+    };
+    let dir = TempDir::new("python-fork");
+    let script = "import os, threading\n\
+                  out = [0] * 4\n\
+                  def work(k): out[k] = sum(i * i for i in range(20000 * (k + 1)))\n\
+                  ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]\n\
+                  [t.start() for t in ts]; [t.join() for t in ts]\n\
+                  pid = os.fork()\n\
+                  if pid == 0: os._exit(7)\n\
+                  print(sum(out), os.waitpid(pid, 0)[1] >> 8)\n";
+    let want: u64 = (1..=4u64).map(|k| (0..20000 * k).map(|i| i * i).sum::<u64>()).sum();
+    for mode in ["time", "count"] {
+        let inv = quiet_env(Invocation::new(&python, dir.path()), dir.path())
+            .args(&["-c", script])
+            .record_args(&["--mode", mode, "--lib", "libc.so"]);
+        let native = inv.run_native();
+        assert_eq!(native.stdout, format!("{want} 7\n"), "{}", native.describe());
+        let trace = dir.join(format!("trace-{mode}"));
+        let traced = inv.run_recorded(&trace);
+        let problems = compare_runs(&native, &traced);
+        assert!(problems.is_empty(), "{mode} mode: {problems:?}\n{}", traced.describe());
+        let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}\n{}", r.describe()));
+        let libc: u64 = json.as_array().expect("a JSON array").iter().filter(|f| f["module"] == "libc.so.6").map(|f| f["calls"].as_u64().unwrap_or(0)).sum();
+        assert!(libc > 0, "{mode} mode: no libc calls\n{}", info(&trace));
+    }
+}
+
+#[test]
 fn python3_script() {
     // Debian's interpreter explicitly: the python3 on PATH may be another build (pyenv).
     let Some(python) = require(

@@ -851,6 +851,62 @@ fn fork_after_posix_spawn_with_libc_hooked() {
 }
 
 #[test]
+fn fork_after_siglongjmp_out_of_a_handler_on_the_signal_stack() {
+    // With libc traced, raise's entry (left by the jump) stayed under the handler's entries
+    // on the signal stack, whose slots still held the exit stub; the child put raise's return
+    // address into the slot it shares with fork's, returned from fork() after the raise and
+    // ran the parent's code again.
+    check_case(&Case { record_args: &["--lib", "libc.so"], ..Case::new("siglongjmp_fork.c", "siglongjmp_fork") });
+}
+
+#[test]
+fn the_agents_own_libc_calls_are_not_the_programs() {
+    // With libc traced, the agent's own memset, memcpy and dlsym were recorded as the
+    // program's calls (14 memsets too many in timing mode, 6 memcpys in count mode), and with
+    // values recorded (-R) the exit stub's slow path called a hooked memset, whose exit took
+    // the same path again: the program spun at exit.
+    let dir = TempDir::new("libc_calls");
+    let exe = compile("libc_calls.c", dir.path(), "libc_calls", &["-O2", "-g", "-Wl,-z,now"]);
+    let (sets, copies) = (1000, 700);
+    let inv = Invocation::new(&exe, dir.path()).args(&[sets.to_string(), copies.to_string()]);
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "libc_calls misbehaves natively\n{}", native.describe());
+    let modes: [(&str, &[&str]); 3] = [
+        ("time", &["--lib", "libc.so"]),
+        ("count", &["--mode", "count", "--lib", "libc.so"]),
+        ("values", &["-A", "*", "-R", "*", "--lib", "libc.so"]),
+    ];
+    let mut problems = Vec::new();
+    for (label, record_args) in modes {
+        let trace = dir.join(label);
+        let traced = inv.clone().record_args(record_args).run_recorded(&trace);
+        problems.extend(compare_runs(&native, &traced).into_iter().map(|p| format!("{label}: {p}")));
+        // Count mode's report has no times: only the calls are read.
+        let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
+        let Ok(serde_json::Value::Array(stats)) = serde_json::from_str(&r.stdout) else {
+            problems.push(format!("{label}: no report\n{}", r.describe()));
+            continue;
+        };
+        // glibc names its implementations by CPU (`__memset_avx2_unaligned_erms`); memcpy's
+        // may carry memmove's name (one address, both symbols).
+        let calls = |names: &[&str]| -> u64 {
+            stats
+                .iter()
+                .filter(|f| f["module"] == "libc.so.6" && names.iter().any(|n| f["name"].as_str().unwrap_or("").contains(n)))
+                .map(|f| f["calls"].as_u64().unwrap_or(0))
+                .sum()
+        };
+        for (what, names, want) in [("memset", &["memset"][..], sets), ("memcpy", &["memcpy", "memmove"][..], copies)] {
+            let got = calls(names);
+            if got != want {
+                problems.push(format!("{label}: {got} calls of {what}, the program made {want}"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
 fn fork_from_a_thread_that_then_ends_in_the_child() {
     check_case(&Case::new("fork_thread.c", "fork_thread"));
 }
