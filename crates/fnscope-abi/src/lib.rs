@@ -361,7 +361,8 @@ pub mod skip_reason {
     /// Not a function entry: the top of the stack is not a return address there (a `.cold`
     /// part, `_start`, …).
     pub const NOT_ENTRY: &str = "not-entry";
-    /// Known not to tolerate a replaced return address (returns twice, switches stacks, …).
+    /// Known not to tolerate a hook: returns twice, switches stacks, is copied elsewhere at run
+    /// time (V8's embedded builtins), …
     pub const DENYLIST: &str = "denylist";
     /// The function reads, overwrites, pops or takes the address of its own return-address
     /// slot (hand-written assembly that returns from another stack pointer, code using

@@ -1051,7 +1051,8 @@ pub fn plan_module(
             obj.path.display()
         ));
     }
-    let v8 = kind == SlotKind::Trace && (0..inv.count()).any(|i| inv.name(i).is_some_and(|n| n.starts_with("_ZN2v88internal")));
+    let v8_runtime = (0..inv.count()).any(|i| inv.name(i).is_some_and(|n| n.starts_with("_ZN2v88internal")));
+    let v8 = kind == SlotKind::Trace && v8_runtime;
     let filter = filters.for_module(&obj.path);
     let keep_all = filter.keeps_all();
     for i in 0..inv.count() {
@@ -1062,6 +1063,11 @@ pub fn plan_module(
             VerdictRef::Hookable(_) if walker.is_some() => {
                 skips.push((i, skip_reason::STACK_WALKER, walker.unwrap_or_default().into()))
             }
+            VerdictRef::Hookable(_) if v8_runtime && inv.name(i).is_some_and(|n| n.starts_with("Builtins_")) => skips.push((
+                i,
+                skip_reason::DENYLIST,
+                "V8's embedded builtin: V8 copies them next to its generated code when it starts (short builtin calls), and the copy of a jump to fnscope leads nowhere".into(),
+            )),
             VerdictRef::Hookable(_) if v8 && called_by_v8_generated_code(inv.name(i), inv.address(i)) => skips.push((
                 i,
                 skip_reason::STACK_WALKER,

@@ -161,16 +161,8 @@ fn count_mode_has_counters_for_a_large_library_loaded_late() {
     let traced = inv.run_recorded(&trace);
     let problems = compare_runs(&native, &traced);
     assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
-    let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
-    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}\n{}", r.describe()));
-    let calls = |name: &str| -> u64 {
-        json.as_array()
-            .expect("a JSON array")
-            .iter()
-            .filter(|f| f["name"] == name)
-            .map(|f| f["calls"].as_u64().unwrap_or(0))
-            .sum()
-    };
+    let stats = counted(&trace);
+    let calls = |name: &str| -> u64 { stats.iter().filter(|f| f.name == name).map(|f| f.calls).sum() };
     assert_eq!(calls("big_0"), 10);
     assert_eq!(calls("big_19999"), 10, "the last of 20,000 functions loaded late has no counter\n{}", info(&trace));
 }

@@ -118,9 +118,7 @@ fn python3_threads_and_fork_with_libc_hooked_in_both_modes() {
         let traced = inv.run_recorded(&trace);
         let problems = compare_runs(&native, &traced);
         assert!(problems.is_empty(), "{mode} mode: {problems:?}\n{}", traced.describe());
-        let r = fnscope_cmd(&["report", "-i", path_str(&trace), "--json"]);
-        let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}\n{}", r.describe()));
-        let libc: u64 = json.as_array().expect("a JSON array").iter().filter(|f| f["module"] == "libc.so.6").map(|f| f["calls"].as_u64().unwrap_or(0)).sum();
+        let libc: u64 = counted(&trace).iter().filter(|f| f.module == "libc.so.6").map(|f| f.calls).sum();
         assert!(libc > 0, "{mode} mode: no libc calls\n{}", info(&trace));
     }
 }
@@ -376,6 +374,18 @@ fn node_script() {
     assert_eq!(native.stdout, "4999950000 1000 {\"a\":[1,2,3]}\n");
     let text = info(&dir.join("trace"));
     assert!(!text.contains("patch-failed"), "some patches failed:\n{text}");
+    // Count mode hooked V8's embedded builtins, which V8 copies next to its code range when
+    // it starts (short builtin calls): the copies' jumps to fnscope led into unmapped memory,
+    // and node crashed in one run of two.
+    let count = inv.clone().record_args(&["--mode", "count"]);
+    let trace = dir.join("trace-count");
+    let traced = count.run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "count mode: {problems:?}\n{}", traced.describe());
+    let stats = counted(&trace);
+    assert!(stats.len() > 100, "count mode counted few functions: {stats:?}");
+    let builtins: Vec<&str> = stats.iter().map(|f| f.name.as_str()).filter(|n| n.starts_with("Builtins_")).collect();
+    assert!(builtins.is_empty(), "V8's embedded builtins were hooked in count mode: {builtins:?}");
 }
 
 /// The `python3.11 -m test` verdict line (`== Tests result: SUCCESS ==`).

@@ -431,6 +431,29 @@ pub fn calls_of(stats: &[FnStat], module: &str, name: &str) -> (u64, usize) {
     (hits.iter().map(|f| f.calls).sum(), hits.len())
 }
 
+/// One function of `report --json` as both modes give it (count mode has no times).
+#[derive(Debug, Clone)]
+pub struct Counted {
+    pub module: String,
+    pub name: String,
+    pub calls: u64,
+}
+
+/// Runs `report -i TRACE --json` on a trace of either mode: each function's calls.
+pub fn counted(trace: &Path) -> Vec<Counted> {
+    let r = fnscope_cmd(&["report", "-i", path_str(trace), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("report --json: {e}\n{}", r.describe()));
+    json.as_array()
+        .unwrap_or_else(|| panic!("report --json is not an array\n{}", r.describe()))
+        .iter()
+        .map(|f| Counted {
+            module: f["module"].as_str().unwrap_or_default().to_string(),
+            name: f["name"].as_str().unwrap_or_default().to_string(),
+            calls: f["calls"].as_u64().unwrap_or_else(|| panic!("no calls in {f}")),
+        })
+        .collect()
+}
+
 /// Calls per module, summed.
 pub fn calls_per_module(stats: &[FnStat]) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
