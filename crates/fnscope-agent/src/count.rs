@@ -25,6 +25,8 @@ use std::path::Path;
 
 static BASE: AtomicU64 = AtomicU64::new(0);
 static DUMMY: AtomicU64 = AtomicU64::new(0);
+/// The thread that sets the agent up (see [`setup_done`]).
+static SETUP_TID: AtomicU32 = AtomicU32::new(0);
 
 /// Blocks per counts file: threads alive at once that get counters of their own.
 const NBLOCKS: u32 = 1024;
@@ -95,6 +97,7 @@ pub fn create(dir: &Path, sid: u32, capacity: u32) -> Result<(), String> {
         (*h).magic = MAGIC;
     }
     DUMMY.store(dummy as u64, Ordering::Relaxed);
+    SETUP_TID.store(sys::gettid(), Ordering::Relaxed);
     BASE.store(p as u64, Ordering::Release);
     Ok(())
 }
@@ -125,11 +128,11 @@ pub fn set_nfuncs(n: u32) {
 extern "C" fn fnscope_count_thread_init() {
     let dummy = sink();
     // Counting into the private dummy first keeps hooked functions called from here (libc's,
-    // when libc is hooked) out of this path. So does it while the agent sets up: those calls
-    // are its own (see `setup_done`).
+    // when libc is hooked) out of this path. So does the thread that sets the agent up, until
+    // it is done: those calls are the agent's (see `setup_done`).
     // SAFETY: sets this thread's TLS word.
     unsafe { stubs::fnscope_tls_set(dummy) };
-    if header().is_null() || !crate::active() {
+    if header().is_null() || (!crate::active() && sys::gettid() == SETUP_TID.load(Ordering::Relaxed)) {
         return;
     }
     let (pid, tid) = (sys::getpid(), sys::gettid());

@@ -171,7 +171,15 @@ unsafe fn read_settings(envp: *const *const libc::c_char) -> Option<Settings> {
 }
 
 extern "C" fn agent_init(_argc: libc::c_int, _argv: *const *const libc::c_char, envp: *const *const libc::c_char) {
-    // SAFETY: glibc passes init_array functions the process's argc, argv and envp.
+    // The program finds `errno` as the loader left it (0), whatever set-up did.
+    let errno = stubs::errno();
+    start(envp);
+    stubs::set_errno(errno);
+}
+
+fn start(envp: *const *const libc::c_char) {
+    // SAFETY: `envp` is what glibc passed `agent_init`: init_array functions get the process's
+    // argc, argv and envp.
     let Some(settings) = (unsafe { read_settings(envp) }) else { return };
     if settings.dir.as_os_str().is_empty() {
         warn("tracing disabled: FNSCOPE_DIR is not set (start programs with `fnscope record`)");

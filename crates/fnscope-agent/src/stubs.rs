@@ -640,14 +640,29 @@ fnscope_exit_args:
     ENTRY_RARE_PATHS ea
     .size fnscope_entry_args, . - fnscope_entry_args
 
-    .globl fnscope_set_errno
-    .hidden fnscope_set_errno
-    .type fnscope_set_errno,@function
-fnscope_set_errno:
-    mov rax, qword ptr [rip + errno@GOTTPOFF]
-    mov dword ptr fs:[rax], edi
+    /* Reader and writer of an initial-exec TLS variable of `width` (dword, qword): the value
+       in `ret` (eax, rax), the new one in `arg` (edi, rdi). */
+    .macro TLS_ACCESSORS get, set, var, width, ret, arg
+    .globl \get
+    .hidden \get
+    .type \get,@function
+\get:
+    mov rax, qword ptr [rip + \var@GOTTPOFF]
+    mov \ret, \width ptr fs:[rax]
     ret
-    .size fnscope_set_errno, . - fnscope_set_errno
+    .size \get, . - \get
+
+    .globl \set
+    .hidden \set
+    .type \set,@function
+\set:
+    mov rax, qword ptr [rip + \var@GOTTPOFF]
+    mov \width ptr fs:[rax], \arg
+    ret
+    .size \set, . - \set
+    .endm
+
+    TLS_ACCESSORS fnscope_get_errno, fnscope_set_errno, errno, dword, eax, edi
 
     /* Copies st0 (10 bytes) to [rdi] without changing the x87 stack. */
     .globl fnscope_read_st0
@@ -699,23 +714,7 @@ fnscope_tls_offset:
     ret
     .size fnscope_tls_offset, . - fnscope_tls_offset
 
-    .globl fnscope_tls_get
-    .hidden fnscope_tls_get
-    .type fnscope_tls_get,@function
-fnscope_tls_get:
-    mov rax, qword ptr [rip + fnscope_tls@GOTTPOFF]
-    mov rax, qword ptr fs:[rax]
-    ret
-    .size fnscope_tls_get, . - fnscope_tls_get
-
-    .globl fnscope_tls_set
-    .hidden fnscope_tls_set
-    .type fnscope_tls_set,@function
-fnscope_tls_set:
-    mov rax, qword ptr [rip + fnscope_tls@GOTTPOFF]
-    mov qword ptr fs:[rax], rdi
-    ret
-    .size fnscope_tls_set, . - fnscope_tls_set
+    TLS_ACCESSORS fnscope_tls_get, fnscope_tls_set, fnscope_tls, qword, rax, rdi
 
     .globl fnscope_rdtsc
     .hidden fnscope_rdtsc
@@ -748,7 +747,9 @@ extern "C" {
     pub fn fnscope_entry_args();
     /// Exit stub of those functions.
     pub fn fnscope_exit_args();
-    /// Sets the C library's `errno` of this thread (its initial-exec TLS slot).
+    /// Reads the C library's `errno` of this thread (its initial-exec TLS slot).
+    fn fnscope_get_errno() -> i32;
+    /// Sets the C library's `errno` of this thread.
     fn fnscope_set_errno(e: i32);
     /// Copies the x87 top of stack (10 bytes) to `out`, leaving the stack as it was.
     fn fnscope_read_st0(out: *mut u8);
@@ -766,7 +767,13 @@ extern "C" {
     pub fn fnscope_rdtsc() -> u64;
 }
 
-/// Sets this thread's `errno` (an injection's `errno:`).
+/// This thread's `errno`.
+pub fn errno() -> i32 {
+    // SAFETY: reads the calling thread's errno slot, nothing else.
+    unsafe { fnscope_get_errno() }
+}
+
+/// Sets this thread's `errno` (an injection's `errno:`, or the program's value put back).
 pub fn set_errno(e: i32) {
     // SAFETY: writes the calling thread's errno slot, nothing else.
     unsafe { fnscope_set_errno(e) }

@@ -252,11 +252,13 @@ pub fn current() -> Option<*mut ThreadState> {
 /// (The stubs' slow paths call no C library function at all: see [`crate::mem`].)
 ///
 /// Signals are blocked meanwhile, so that a handler (the program's code, to be traced) never
-/// runs with the thread quiet, nor jumps out of the agent code leaving it so.
+/// runs with the thread quiet, nor jumps out of the agent code leaving it so. The program's
+/// `errno` is put back at the end: the agent's calls must not change it.
 #[must_use]
 pub struct Quiet {
     how: QuietHow,
     mask: Option<u64>,
+    errno: i32,
 }
 
 enum QuietHow {
@@ -274,7 +276,8 @@ enum QuietHow {
 pub fn quiet() -> Quiet {
     // SAFETY: reads this thread's TLS word.
     let w = unsafe { stubs::fnscope_tls_get() };
-    let nothing = Quiet { how: QuietHow::Nothing, mask: None };
+    let errno = stubs::errno();
+    let nothing = Quiet { how: QuietHow::Nothing, mask: None, errno };
     let sink = if crate::count_mode() {
         crate::count::sink()
     } else if w.is_null() {
@@ -289,7 +292,7 @@ pub fn quiet() -> Quiet {
             }
             let mask = sys::block_signals();
             write_volatile(addr_of_mut!((*w).ss_limit), 0);
-            return Quiet { how: QuietHow::Limit(w, limit), mask: Some(mask) };
+            return Quiet { how: QuietHow::Limit(w, limit), mask: Some(mask), errno };
         }
     };
     if sink.is_null() || w == sink {
@@ -298,7 +301,7 @@ pub fn quiet() -> Quiet {
     let mask = sys::block_signals();
     // SAFETY: sets this thread's TLS word; `Drop` puts it back.
     unsafe { stubs::fnscope_tls_set(sink) };
-    Quiet { how: QuietHow::Swap { prev: w, sink }, mask: Some(mask) }
+    Quiet { how: QuietHow::Swap { prev: w, sink }, mask: Some(mask), errno }
 }
 
 impl Drop for Quiet {
@@ -325,6 +328,7 @@ impl Drop for Quiet {
         if let Some(mask) = self.mask {
             sys::restore_signals(mask);
         }
+        stubs::set_errno(self.errno);
     }
 }
 

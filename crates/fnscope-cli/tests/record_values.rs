@@ -403,3 +403,26 @@ fn every_count_of_register_arguments_with_and_without_the_return_value() {
     let got: Vec<String> = replayed_calls(&replay(&trace, "tree")).into_iter().filter(|c| names.iter().any(|n| c.starts_with(&format!("{n}(")))).collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn the_program_finds_errno_as_natively() {
+    // With values recorded, the agent's start-up left errno at 22 (or 2) for main to find;
+    // its hooks (fork, exit, dlopen, exec) could change it too.
+    let dir = TempDir::new("errno");
+    let exe = compile_c_text(
+        dir.path(),
+        "errno_main",
+        "#include <errno.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n#include <sys/wait.h>\n\
+         int main(void)\n{\n    int at_start = errno;\n    errno = 1234;\n    pid_t child = fork();\n    int after_fork = errno;\n\
+             if (child == 0)\n        _exit(at_start == 0 && after_fork == 1234 ? 0 : 1);\n    int status;\n    waitpid(child, &status, 0);\n\
+             printf(\"errno at start %d, after fork %d, child %d\\n\", at_start, after_fork, WEXITSTATUS(status));\n    return 0;\n}\n",
+    );
+    let inv = Invocation::new(&exe, dir.path());
+    let native = inv.run_native();
+    assert_eq!(native.stdout, "errno at start 0, after fork 1234, child 0\n", "{}", native.describe());
+    for (i, opts) in [&["-A", "*", "-R", "*"][..], &["-A", "*", "-R", "*", "--lib", "libc.so"], &["--mode", "count", "--lib", "libc.so"]].into_iter().enumerate() {
+        let traced = inv.clone().record_args(opts).run_recorded(&dir.join(format!("trace{i}")));
+        let problems = compare_runs(&native, &traced);
+        assert!(problems.is_empty(), "{opts:?}: {problems:?}\n{}", traced.describe());
+    }
+}
