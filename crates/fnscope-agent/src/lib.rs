@@ -383,6 +383,36 @@ fn setup(settings: Settings) -> Result<(), String> {
     Ok(())
 }
 
+type PrctlFn = unsafe extern "C" fn(libc::c_int, libc::c_ulong, libc::c_ulong, libc::c_ulong, libc::c_ulong) -> libc::c_int;
+
+/// `prctl`, interposed only to say why the program is about to die: in timing mode every
+/// hooked call reads the time-stamp counter, and a program that turns it off (`PR_SET_TSC`
+/// with `PR_TSC_SIGSEGV`, or seccomp's strict mode, which does too) gets SIGSEGV at its next
+/// hooked call. The call itself goes through unchanged.
+///
+/// # Safety
+/// Same contract as the C library's `prctl` (variadic there: on x86-64 the five integer
+/// arguments travel in the same registers either way).
+#[no_mangle]
+pub unsafe extern "C" fn prctl(option: libc::c_int, a2: libc::c_ulong, a3: libc::c_ulong, a4: libc::c_ulong, a5: libc::c_ulong) -> libc::c_int {
+    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let real = *REAL.get_or_init(|| {
+        // SAFETY: RTLD_NEXT lookup of a symbol the C library defines.
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"prctl".as_ptr()) as usize }
+    });
+    let tsc_off = (option == libc::PR_SET_TSC && a2 == libc::PR_TSC_SIGSEGV as libc::c_ulong)
+        || (option == libc::PR_SET_SECCOMP && a2 == libc::SECCOMP_MODE_STRICT as libc::c_ulong);
+    if tsc_off && active() && !count_mode() {
+        warn("the program turns the time-stamp counter off (prctl): timing mode reads it at every hooked call, so the next one ends the program with SIGSEGV; record it with --mode count");
+    }
+    if real == 0 {
+        stubs::set_errno(libc::ENOSYS);
+        return -1;
+    }
+    // SAFETY: `real` is the C library's prctl, called with the caller's arguments.
+    unsafe { std::mem::transmute::<usize, PrctlFn>(real)(option, a2, a3, a4, a5) }
+}
+
 type DlopenFn = unsafe extern "C" fn(*const libc::c_char, libc::c_int) -> *mut libc::c_void;
 
 /// `dlopen`, interposed (the agent is preloaded, so calls through the PLT come here): after

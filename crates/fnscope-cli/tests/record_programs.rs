@@ -1416,3 +1416,32 @@ fn corrupt_trace_never_panics() {
         }
     }
 }
+
+#[test]
+fn a_program_that_turns_the_time_stamp_counter_off() {
+    // Timing mode reads the counter at every hooked call: the program dies of SIGSEGV at the
+    // next one, and the agent says why first. Count mode does not read it.
+    let dir = TempDir::new("tsc_off");
+    let exe = compile_c_text(
+        dir.path(),
+        "tsc_off",
+        "#include <stdio.h>\n#include <sys/prctl.h>\n\
+         int work(int x) { return x * 3 + 1; }\n\
+         int main(void)\n{\n    if (prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0) != 0)\n        return 2;\n\
+             int s = 0;\n    for (int i = 0; i < 100; i++)\n        s = work(s) % 1000;\n    printf(\"%d\\n\", s);\n    return 0;\n}\n",
+    );
+    let inv = Invocation::new(&exe, dir.path());
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let counted_run = inv.clone().record_args(&["--mode", "count"]).run_recorded(&dir.join("count"));
+    let problems = compare_runs(&native, &counted_run);
+    assert!(problems.is_empty(), "count mode: {problems:?}\n{}", counted_run.describe());
+    let work: u64 = counted(&dir.join("count")).iter().filter(|f| f.name == "work").map(|f| f.calls).sum();
+    assert_eq!(work, 100);
+    let timed = inv.run_recorded(&dir.join("time"));
+    assert!(
+        timed.stderr.contains("turns the time-stamp counter off") && timed.stderr.contains("--mode count"),
+        "timing mode must say why the program dies\n{}",
+        timed.describe()
+    );
+}
