@@ -397,6 +397,7 @@ type PrctlFn = unsafe extern "C" fn(libc::c_int, libc::c_ulong, libc::c_ulong, l
 pub unsafe extern "C" fn prctl(option: libc::c_int, a2: libc::c_ulong, a3: libc::c_ulong, a4: libc::c_ulong, a5: libc::c_ulong) -> libc::c_int {
     static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let real = *REAL.get_or_init(|| {
+        let _quiet = thread::quiet();
         // SAFETY: RTLD_NEXT lookup of a symbol the C library defines.
         unsafe { libc::dlsym(libc::RTLD_NEXT, c"prctl".as_ptr()) as usize }
     });
@@ -425,6 +426,7 @@ type DlopenFn = unsafe extern "C" fn(*const libc::c_char, libc::c_int) -> *mut l
 pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_int) -> *mut libc::c_void {
     static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let real = *REAL.get_or_init(|| {
+        let _quiet = thread::quiet();
         // SAFETY: RTLD_NEXT lookup of a symbol the C library defines.
         unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize }
     });
