@@ -13,6 +13,7 @@
 
 pub mod alloc;
 pub mod args;
+pub mod clone;
 pub mod code_cache;
 pub mod count;
 pub mod exec;
@@ -383,6 +384,17 @@ fn setup(settings: Settings) -> Result<(), String> {
     Ok(())
 }
 
+/// The next definition of `name` after the agent's own (the C library's, for the functions
+/// the agent interposes), looked up once, quietly: with libc traced, `dlsym`'s calls are the
+/// agent's, not the program's. 0 if there is none.
+pub(crate) fn next_definition(cell: &'static std::sync::OnceLock<usize>, name: &core::ffi::CStr) -> usize {
+    *cell.get_or_init(|| {
+        let _quiet = thread::quiet();
+        // SAFETY: RTLD_NEXT lookup with a valid C string.
+        unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+    })
+}
+
 type PrctlFn = unsafe extern "C" fn(libc::c_int, libc::c_ulong, libc::c_ulong, libc::c_ulong, libc::c_ulong) -> libc::c_int;
 
 /// `prctl`, interposed only to say why the program is about to die: in timing mode every
@@ -396,11 +408,7 @@ type PrctlFn = unsafe extern "C" fn(libc::c_int, libc::c_ulong, libc::c_ulong, l
 #[no_mangle]
 pub unsafe extern "C" fn prctl(option: libc::c_int, a2: libc::c_ulong, a3: libc::c_ulong, a4: libc::c_ulong, a5: libc::c_ulong) -> libc::c_int {
     static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let real = *REAL.get_or_init(|| {
-        let _quiet = thread::quiet();
-        // SAFETY: RTLD_NEXT lookup of a symbol the C library defines.
-        unsafe { libc::dlsym(libc::RTLD_NEXT, c"prctl".as_ptr()) as usize }
-    });
+    let real = crate::next_definition(&REAL, c"prctl");
     let tsc_off = (option == libc::PR_SET_TSC && a2 == libc::PR_TSC_SIGSEGV as libc::c_ulong)
         || (option == libc::PR_SET_SECCOMP && a2 == libc::SECCOMP_MODE_STRICT as libc::c_ulong);
     if tsc_off && active() && !count_mode() {
@@ -425,11 +433,7 @@ type DlopenFn = unsafe extern "C" fn(*const libc::c_char, libc::c_int) -> *mut l
 #[no_mangle]
 pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_int) -> *mut libc::c_void {
     static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let real = *REAL.get_or_init(|| {
-        let _quiet = thread::quiet();
-        // SAFETY: RTLD_NEXT lookup of a symbol the C library defines.
-        unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) as usize }
-    });
+    let real = crate::next_definition(&REAL, c"dlopen");
     if real == 0 {
         return std::ptr::null_mut();
     }

@@ -861,7 +861,7 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
 
 /// Before `fork`: a thread whose state is in the shared region moves it to private memory
 /// for the duration, so that the child gets a copy (the region's slots are not inherited).
-extern "C" fn before_fork() {
+pub(crate) extern "C" fn before_fork() {
     if crate::count_mode() {
         return;
     }
@@ -882,7 +882,7 @@ extern "C" fn before_fork() {
 }
 
 /// After `fork`, in the parent: the state goes back to its slot.
-extern "C" fn after_fork_parent() {
+pub(crate) extern "C" fn after_fork_parent() {
     let Some(copy) = current() else { return };
     let _quiet = quiet();
     // SAFETY: `copy` is this thread's private copy from `before_fork`; signals are blocked while
@@ -903,7 +903,7 @@ extern "C" fn after_fork_parent() {
 
 /// After `fork`, in the child: the chunk being filled belongs to the parent's thread. Start a
 /// stream of the child's own, with no open call, in a slot of its own when one is free.
-extern "C" fn after_fork_child() {
+pub(crate) extern "C" fn after_fork_child() {
     if crate::count_mode() {
         crate::count::after_fork_child();
         return;
