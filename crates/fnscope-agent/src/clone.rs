@@ -8,6 +8,15 @@
 use crate::thread;
 use libc::{c_int, c_long, c_void, pid_t};
 
+static REAL_SYSCALL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+static REAL_CLONE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Start-up: finds the C library's `syscall` and `clone`.
+pub fn init() {
+    crate::next_definition(&REAL_SYSCALL, c"syscall");
+    crate::next_definition(&REAL_CLONE, c"clone");
+}
+
 /// Runs `fork_like`, which makes a copy of the process (0 in the child), between the agent's
 /// fork hooks, as the C library's `fork` does.
 fn around_fork(fork_like: impl FnOnce() -> c_long) -> c_long {
@@ -31,8 +40,7 @@ type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_
 /// in the same registers either way, and the unused ones are passed on as they are).
 #[no_mangle]
 pub unsafe extern "C" fn syscall(n: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
-    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let real = crate::next_definition(&REAL, c"syscall");
+    let real = crate::next_definition(&REAL_SYSCALL, c"syscall");
     if real == 0 {
         crate::stubs::set_errno(libc::ENOSYS);
         return -1;
@@ -88,8 +96,7 @@ pub unsafe extern "C" fn clone(
     tls: *mut c_void,
     child_tid: *mut pid_t,
 ) -> c_int {
-    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let real = crate::next_definition(&REAL, c"clone");
+    let real = crate::next_definition(&REAL_CLONE, c"clone");
     if real == 0 {
         crate::stubs::set_errno(libc::ENOSYS);
         return -1;

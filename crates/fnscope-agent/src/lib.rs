@@ -179,6 +179,11 @@ extern "C" fn agent_init(_argc: libc::c_int, _argv: *const *const libc::c_char, 
 }
 
 fn start(envp: *const *const libc::c_char) {
+    // The interposed functions' targets are looked up now: the wrappers may run where `dlsym`
+    // must not (a signal handler, a `vfork` child).
+    next_definition(&REAL_PRCTL, c"prctl");
+    next_definition(&REAL_DLOPEN, c"dlopen");
+    clone::init();
     // SAFETY: `envp` is what glibc passed `agent_init`: init_array functions get the process's
     // argc, argv and envp.
     let Some(settings) = (unsafe { read_settings(envp) }) else { return };
@@ -384,6 +389,9 @@ fn setup(settings: Settings) -> Result<(), String> {
     Ok(())
 }
 
+static REAL_PRCTL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+static REAL_DLOPEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
 /// The next definition of `name` after the agent's own (the C library's, for the functions
 /// the agent interposes), looked up once, quietly: with libc traced, `dlsym`'s calls are the
 /// agent's, not the program's. 0 if there is none.
@@ -407,8 +415,7 @@ type PrctlFn = unsafe extern "C" fn(libc::c_int, libc::c_ulong, libc::c_ulong, l
 /// arguments travel in the same registers either way).
 #[no_mangle]
 pub unsafe extern "C" fn prctl(option: libc::c_int, a2: libc::c_ulong, a3: libc::c_ulong, a4: libc::c_ulong, a5: libc::c_ulong) -> libc::c_int {
-    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let real = crate::next_definition(&REAL, c"prctl");
+    let real = next_definition(&REAL_PRCTL, c"prctl");
     let tsc_off = (option == libc::PR_SET_TSC && a2 == libc::PR_TSC_SIGSEGV as libc::c_ulong)
         || (option == libc::PR_SET_SECCOMP && a2 == libc::SECCOMP_MODE_STRICT as libc::c_ulong);
     if tsc_off && active() && !count_mode() {
@@ -432,8 +439,7 @@ type DlopenFn = unsafe extern "C" fn(*const libc::c_char, libc::c_int) -> *mut l
 /// Same contract as the C library's `dlopen`.
 #[no_mangle]
 pub unsafe extern "C" fn dlopen(filename: *const libc::c_char, flags: libc::c_int) -> *mut libc::c_void {
-    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let real = crate::next_definition(&REAL, c"dlopen");
+    let real = next_definition(&REAL_DLOPEN, c"dlopen");
     if real == 0 {
         return std::ptr::null_mut();
     }
