@@ -25,7 +25,7 @@ static ADD_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// The C library's functions behind each wrapper, looked up at start-up: a `vfork` child that
 /// calls `execve` must not take the dynamic linker's locks.
-static REAL: [AtomicUsize; 7] = [const { AtomicUsize::new(0) }; 7];
+static REAL: [std::sync::OnceLock<usize>; 7] = [const { std::sync::OnceLock::new() }; 7];
 const EXECVE: usize = 0;
 const EXECVPE: usize = 1;
 const FEXECVE: usize = 2;
@@ -39,8 +39,7 @@ const NAMES: [&core::ffi::CStr; 7] = [c"execve", c"execvpe", c"fexecve", c"posix
 /// started with, and finds the functions the wrappers stand for.
 pub fn init(vars: Vec<Vec<u8>>) {
     for (slot, name) in REAL.iter().zip(NAMES) {
-        // SAFETY: RTLD_NEXT lookup of a symbol the C library defines, with a valid C string.
-        slot.store(unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize, Ordering::Relaxed);
+        crate::next_definition(slot, name);
     }
     let strings: Vec<*const c_char> = vars
         .into_iter()
@@ -90,7 +89,7 @@ pub fn forget_environment() {
 }
 
 fn real(i: usize) -> usize {
-    REAL[i].load(Ordering::Relaxed)
+    REAL[i].get().copied().unwrap_or(0)
 }
 
 /// The name part of a `KEY=VALUE` string, `=` included.

@@ -615,11 +615,7 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
             } else if gone_stack((*e).slot) {
                 Some(true)
             } else if alt().holds((*e).slot) {
-                if holds_exit_stub((*e).slot) {
-                    None
-                } else {
-                    Some(true)
-                }
+                (!holds_exit_stub((*e).slot)).then_some(true)
             } else {
                 Some(false)
             };
@@ -862,9 +858,6 @@ unsafe fn move_state(from: *mut ThreadState, to: *mut ThreadState) {
 /// Before `fork`: a thread whose state is in the shared region moves it to private memory
 /// for the duration, so that the child gets a copy (the region's slots are not inherited).
 pub(crate) extern "C" fn before_fork() {
-    if crate::count_mode() {
-        return;
-    }
     let Some(st) = current() else { return };
     let _quiet = quiet();
     // SAFETY: `st` is this thread's state; signals are blocked while it moves.
@@ -1496,9 +1489,6 @@ unsafe fn emit_open_calls(st: *mut ThreadState, now: u64) {
 /// image's agent then publishes the chunk as abandoned, reading records up to the first empty
 /// one). Returns where they went, for [`exec_failed`].
 pub fn exec_begins() -> Option<(u64, usize)> {
-    if crate::count_mode() {
-        return None;
-    }
     let st = current()?;
     let now = stubs::tsc();
     // SAFETY: `st` is this thread's state (checked to be this process's: a `vfork` child shares
@@ -1580,9 +1570,6 @@ pub fn exec_failed(pending: Option<(u64, usize)>) {
 /// Process exit (the agent's destructor inside `exit`, or `_exit` and `abort`): calls still
 /// open on this thread will never return; record them as ending now and hand the chunk over.
 pub fn process_exit() {
-    if crate::count_mode() {
-        return;
-    }
     let Some(st) = current() else { return };
     // SAFETY: reads this thread's state. A `vfork` child runs on its parent's state, which is
     // not its to finish.
