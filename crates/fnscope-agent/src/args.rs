@@ -691,14 +691,6 @@ extern "C" fn fnscope_args_exit(st: *mut ThreadState, entry: u64, t_exit: u64, g
     }
 }
 
-/// The exit stub reserved slots `[start, end)` that run past its chunk: see
-/// [`crate::thread::pad_reserved`].
-#[no_mangle]
-extern "C" fn fnscope_args_pad(st: *mut ThreadState, start: u64, end: u64) {
-    // SAFETY: the exit stub passes this thread's state and the slots it reserved.
-    unsafe { crate::thread::pad_reserved(st, start, end) }
-}
-
 /// The data unit of a call closed without returning (unwound, cut at exit): its entry words,
 /// if it has any. `entry` is its shadow entry.
 ///

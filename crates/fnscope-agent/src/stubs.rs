@@ -29,6 +29,14 @@
 //!   `lock`ed: only this thread touches its state, and a signal arrives between instructions),
 //!   so a signal handler that calls hooked functions in the middle of a stub takes the next
 //!   slot instead of overwriting this one.
+//! - A record slot is checked twice after its `xadd`: against the chunk's end, then for the
+//!   chunk's sequence number read before the `xadd`. A handler that arrives between the two
+//!   and fills the chunk swaps in a new one, and the slot reserved before the swap lies in
+//!   the old chunk, or past its end: checked against the new chunk's end alone, it could pass
+//!   and be written outside any chunk (a record lost, or another chunk's header overwritten),
+//!   or fail and leave a hole in the old chunk. On either failure [`crate::thread::settle_slots`]
+//!   says where the slot lies. A swap after both checks is harmless: the old chunk is
+//!   published only at the next swap.
 //! - In-progress entries: between a stub's reservation and its last store, and between an
 //!   exit stub's last read and its pop, a signal handler's hooked calls see the entry below
 //!   their own half-written. Its slot word tells them: the entry stub writes it last (after the
@@ -269,10 +277,16 @@ fnscope_exit:
     cmp rsi, qword ptr [rip + {min_ticks}]
     jb .Lexit_pop
 .Lexit_reserve:
+    /* The chunk's sequence number before the reservation and after the bound check: if a
+       signal handler swapped chunks in between, the slot may lie anywhere (module docs). */
+    mov r11, qword ptr [rdx + {seq}]
     mov esi, 24
     xadd qword ptr [rdx + 16], rsi
     cmp rsi, qword ptr [rdx + 24]
     jae .Lexit_full
+    cmp r11, qword ptr [rdx + {seq}]
+    jne .Lexit_full
+.Lexit_write:
     mov r11, qword ptr [rcx + 8]
     mov qword ptr [rsi], r11
     mov qword ptr [rsi + 8], rax
@@ -297,10 +311,12 @@ fnscope_exit:
 .Lexit_full:
     SAVE_ALL
     mov rdi, rdx
-    call fnscope_buffer_full
-    test eax, eax
+    mov edx, 24
+    call fnscope_settle
+    cmp eax, 1
     RESTORE_ALL
-    jz .Lexit_reserve
+    jb .Lexit_reserve
+    ja .Lexit_write
     jmp .Lexit_pop
 .Lexit_mismatch:
     SAVE_ALL
@@ -446,10 +462,14 @@ fnscope_exit_args:
     /* r11 = bytes of the data slots and the record; their words from rdi + 8 on; the exit
        time at [rsp-56], the slots' tag at [rsp-64]. */
     mov rsi, r11
+    mov rax, qword ptr [rdx + {seq}]
     xadd qword ptr [rdx + 16], rsi
     add r11, rsi
     cmp r11, qword ptr [rdx + 24]
     ja .Lxa_full
+    cmp rax, qword ptr [rdx + {seq}]
+    jne .Lxa_full
+.Lxa_write:
     /* The record last, then the data slots before it (a reader of a live chunk stops at
        the first slot not yet written, whatever the order). */
     mov rax, [rsp - 56]
@@ -509,13 +529,17 @@ fnscope_exit_args:
     mov rax, [rsp - 8]
     ret
 .Lxa_full:
-    /* The slots reserved run past the chunk: pad what lies in it, then write the unit from
-       Rust (which takes a new chunk). rsi = start, r11 = end. */
+    /* The check refused slots [rsi, r11): written where they are after all, or given up,
+       and the unit written from Rust (which reserves again), or dropped. */
     SAVE_ALL
     mov rdi, rdx
     mov rdx, r11
-    call fnscope_args_pad
+    sub rdx, rsi
+    call fnscope_settle
+    cmp eax, 1
     RESTORE_ALL
+    ja .Lxa_write
+    je .Lxa_pop
     mov rax, [rsp - 56]
 .Lxa_slow:
     SAVE_ALL
@@ -538,8 +562,17 @@ fnscope_exit_args:
     jz .Lxa_retry
     jmp .Lxa_leave
 .Lxa_unit_full:
-    mov [rsp - 56], rax
-    jmp .Lxa_full
+    /* As .Lxa_full, from a unit writer: r11 = bytes; its write resumes at [rsp-72]. */
+    SAVE_ALL
+    mov rdi, rdx
+    mov rdx, r11
+    call fnscope_settle
+    cmp eax, 1
+    RESTORE_ALL
+    mov rax, [rsp - 56]
+    jb .Lxa_slow
+    je .Lxa_pop
+    jmp qword ptr [rsp - 72]
 
     /* Word i of a fast unit of k entry words and w words in all: rdi = frame, rsi = first
        data slot, rcx = their tag. Slot j holds words 2j and 2j + 1, and its tag goes last:
@@ -562,11 +595,17 @@ fnscope_exit_args:
        known here. rax = exit time, rcx = entry, rdx = state, rdi = frame. */
     .macro UNIT_WRITER k, r
 .Lxa_unit_\k\()_\r:
+    mov [rsp - 56], rax
+    mov rax, qword ptr [rdx + {seq}]
     mov esi, ((\k + \r + 1) / 2 + 1) * 24
     xadd qword ptr [rdx + 16], rsi
     lea r11, [rsi + ((\k + \r + 1) / 2 + 1) * 24]
     cmp r11, qword ptr [rdx + 24]
-    ja .Lxa_unit_full
+    ja .Lxa_unit_full_\k\()_\r
+    cmp rax, qword ptr [rdx + {seq}]
+    jne .Lxa_unit_full_\k\()_\r
+    mov rax, [rsp - 56]
+.Lxa_unit_write_\k\()_\r:
     DATA_RECORD rsi+((\k+\r+1)/2)*24
     movabs rcx, (1 << {implied_bit}) | ((\k + \r) << 32) | (\k << 40) | (\r << 48)
     .irp i, 0, 1, 2, 3, 4, 5, 6
@@ -575,6 +614,12 @@ fnscope_exit_args:
     .endif
     .endr
     jmp .Lxa_pop
+.Lxa_unit_full_\k\()_\r:
+    /* r11 = bytes, as .Lxa_unit_full wants them. */
+    mov r11d, ((\k + \r + 1) / 2 + 1) * 24
+    lea rax, [rip + .Lxa_unit_write_\k\()_\r]
+    mov [rsp - 72], rax
+    jmp .Lxa_unit_full
     .endm
 
     .irp k, 0, 1, 2, 3, 4, 5, 6
@@ -727,6 +772,7 @@ fnscope_rdtsc:
     .size fnscope_rdtsc, . - fnscope_rdtsc
 "#,
     min_ticks = sym MIN_TICKS,
+    seq = const core::mem::offset_of!(crate::thread::ThreadState, seq),
     args_limit = const core::mem::offset_of!(crate::thread::ThreadState, args_limit),
     args_delta = const core::mem::offset_of!(crate::thread::ThreadState, args_delta),
     data_bit = const 56 + 2,

@@ -165,10 +165,27 @@ pub fn write_stderr(msg: &[u8]) {
 const SYS_RT_SIGPROCMASK: usize = 14;
 const SIG_SETMASK: usize = 2;
 
-/// Blocks every signal that can be blocked; returns the previous mask for
-/// [`restore_signals`].
+/// Signals the kernel raises for the instruction that runs (a fault, the trap flag's single
+/// step, a seccomp trap). Blocked when raised, the kernel kills the process instead of running
+/// the handler, so [`block_signals`] leaves them alone: a program that steps itself with the
+/// trap flag runs its handler inside the agent's slow paths, which the slow paths' other
+/// guards (`in_slow`, a limit of 0) keep apart.
+const SYNCHRONOUS: u64 = sig_bit(libc::SIGILL)
+    | sig_bit(libc::SIGTRAP)
+    | sig_bit(libc::SIGBUS)
+    | sig_bit(libc::SIGFPE)
+    | sig_bit(libc::SIGSEGV)
+    | sig_bit(libc::SIGSYS);
+
+/// The bit of signal `sig` in a kernel signal set.
+const fn sig_bit(sig: libc::c_int) -> u64 {
+    1 << (sig - 1)
+}
+
+/// Blocks every signal that can be blocked, except those the running instruction raises;
+/// returns the previous mask for [`restore_signals`].
 pub fn block_signals() -> u64 {
-    let all: u64 = !0;
+    let all: u64 = !SYNCHRONOUS;
     let mut old: u64 = 0;
     // SAFETY: both pointers are valid for the 8-byte kernel sigset the last argument names.
     unsafe {

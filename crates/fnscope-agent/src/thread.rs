@@ -2,7 +2,7 @@
 
 use crate::{region, stubs, sys};
 use core::mem::offset_of;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{compiler_fence, AtomicU64, Ordering};
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 use fnscope_abi::{ChunkHeader, Record, CHUNK_FLAG_LAST, RECORD_SIZE, REC_FLAG_UNWOUND};
 
@@ -951,30 +951,71 @@ pub fn restart_stream() {
     }
 }
 
-/// Swaps a full chunk for a new one. Returns 0 when the stub may retry, 1 when it must drop
-/// its record.
-#[no_mangle]
-extern "C" fn fnscope_buffer_full(st: *mut ThreadState) -> u32 {
-    // SAFETY: the exit stub passes this thread's state.
+/// What a stub does with record slots that its fast check refused (see [`settle_slots`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Settle {
+    /// Reserve again: the slots were given up (padded where they lie in a chunk).
+    Retry = 0,
+    /// Drop the record (counted as lost): the thread is finishing, or no chunk is free.
+    Drop = 1,
+    /// Write the record where it was reserved after all.
+    Write = 2,
+}
+
+/// Settles slots `[start, start + bytes)` that a stub reserved but its check refused: they
+/// run past the chunk's end, or the chunk's sequence number changed between the reservation
+/// and the check, because a signal handler arrived in between and swapped chunks. Then the
+/// slots may lie in the chunk just published, or past its end, or in the new chunk; only
+/// where they lie tells. Slots wholly inside the chunk being filled, or inside the one before
+/// it (published only at the next swap), are the stub's to write. Others are padded where
+/// they lie inside one of those chunks, so that the chunk holds no empty slot, and the stub
+/// reserves again: in the chunk a handler took meanwhile, if it has room, or in a new one.
+///
+/// # Safety
+/// `st` must be the calling thread's state and the slots ones it reserved.
+pub unsafe fn settle_slots(st: *mut ThreadState, start: u64, bytes: u64) -> Settle {
+    // SAFETY: per the caller's guarantee.
     unsafe {
         if read_volatile(addr_of_mut!((*st).in_slow)) != 0 || (*st).exited != 0 {
+            pad_reserved(st, start, start + bytes);
             (*st).lost += 1;
-            return 1;
+            return Settle::Drop;
         }
         // Signals stay blocked until `in_slow` is clear again: one that arrived meanwhile is
         // delivered as the mask is restored, and its records must find a usable chunk.
         let mask = sys::block_signals();
         write_volatile(addr_of_mut!((*st).in_slow), 1);
-        let ok = refill(st);
+        let holds = |c: *mut ChunkHeader| chunk_area(c).is_some_and(|(lo, hi)| start >= lo && start + bytes <= hi);
+        let verdict = if holds((*st).chunk) || holds((*st).prev_chunk) {
+            Settle::Write
+        } else {
+            pad_reserved(st, start, start + bytes);
+            let room = read_volatile(addr_of_mut!((*st).buf_ptr)) + bytes <= read_volatile(addr_of_mut!((*st).buf_end));
+            if room || refill(st) {
+                Settle::Retry
+            } else {
+                (*st).lost += 1;
+                Settle::Drop
+            }
+        };
         write_volatile(addr_of_mut!((*st).in_slow), 0);
         sys::restore_signals(mask);
-        if ok {
-            0
-        } else {
-            (*st).lost += 1;
-            1
-        }
+        verdict
     }
+}
+
+/// The stubs' call of [`settle_slots`]: returns a [`Settle`].
+#[no_mangle]
+extern "C" fn fnscope_settle(st: *mut ThreadState, start: u64, bytes: u64) -> u32 {
+    // SAFETY: the exit stubs pass this thread's state and the slots they reserved.
+    unsafe { settle_slots(st, start, bytes) as u32 }
+}
+
+/// The record area `[lo, hi)` of chunk `c`, or `None` for a null chunk.
+fn chunk_area(c: *mut ChunkHeader) -> Option<(u64, u64)> {
+    let lo = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
+    (!c.is_null()).then(|| (lo, lo + (region::capacity() * RECORD_SIZE) as u64))
 }
 
 /// Publishes the current chunk (if any) and takes a new one.
@@ -1040,29 +1081,32 @@ pub unsafe fn emit_unit(st: *mut ThreadState, mut rec: Record, words: &[u64]) {
             return;
         }
         // Reserved in one read-modify-write, as the stubs do: a signal handler's records take
-        // the slots after these.
+        // the slots after these. The bound is checked before the sequence number, as the
+        // stubs do: a swap after both checks leaves these slots in the chunk before, which
+        // stays unpublished until the next swap.
         let buf_ptr = AtomicU64::from_ptr(addr_of_mut!((*st).buf_ptr));
-        let reserve = || buf_ptr.fetch_add(bytes, Ordering::Relaxed);
-        let mut ptr = reserve();
-        if ptr + bytes > read_volatile(addr_of_mut!((*st).buf_end)) {
-            pad_reserved(st, ptr, ptr + bytes);
-            let mask = sys::block_signals();
-            let prev = read_volatile(addr_of_mut!((*st).in_slow));
-            write_volatile(addr_of_mut!((*st).in_slow), 1);
-            let ok = refill(st);
-            write_volatile(addr_of_mut!((*st).in_slow), prev);
-            sys::restore_signals(mask);
-            if !ok {
-                (*st).lost += 1;
-                return;
+        let seq = addr_of_mut!((*st).seq);
+        let mut retries = 0;
+        let ptr = loop {
+            let before = read_volatile(seq);
+            compiler_fence(Ordering::SeqCst);
+            let ptr = buf_ptr.fetch_add(bytes, Ordering::Relaxed);
+            compiler_fence(Ordering::SeqCst);
+            if ptr + bytes <= read_volatile(addr_of_mut!((*st).buf_end)) && read_volatile(seq) == before {
+                break ptr;
             }
-            ptr = reserve();
-            if ptr + bytes > read_volatile(addr_of_mut!((*st).buf_end)) {
-                pad_reserved(st, ptr, ptr + bytes);
-                (*st).lost += 1;
-                return;
+            match settle_slots(st, ptr, bytes) {
+                Settle::Write => break ptr,
+                // Each retry follows a swap or finds room a handler made: a third in a row
+                // means chunks are not coming.
+                Settle::Retry if retries < 3 => retries += 1,
+                Settle::Retry => {
+                    (*st).lost += 1;
+                    return;
+                }
+                Settle::Drop => return,
             }
-        }
+        };
         let tag = fnscope_abi::data::tag(words.len() as u64);
         for (k, pair) in words.chunks(2).enumerate() {
             let r = (ptr + (k * RECORD_SIZE) as u64) as *mut Record;
@@ -1086,14 +1130,10 @@ pub unsafe fn emit_unit(st: *mut ThreadState, mut rec: Record, words: &[u64]) {
 /// # Safety
 /// `st` must be the calling thread's state, and `[start, end)` slots it reserved.
 pub unsafe fn pad_reserved(st: *mut ThreadState, start: u64, end: u64) {
-    let area = |c: *mut ChunkHeader| -> Option<(u64, u64)> {
-        let lo = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
-        (!c.is_null()).then(|| (lo, lo + (region::capacity() * RECORD_SIZE) as u64))
-    };
     // SAFETY: per the caller's guarantee; the chunks it names are this thread's, unpublished.
     unsafe {
         let (chunk, prev) = ((*st).chunk, (*st).prev_chunk);
-        let Some((_, limit)) = [area(chunk), area(prev)].into_iter().flatten().find(|&(lo, hi)| start >= lo && start < hi) else { return };
+        let Some((_, limit)) = [chunk_area(chunk), chunk_area(prev)].into_iter().flatten().find(|&(lo, hi)| start >= lo && start < hi) else { return };
         let mut p = start;
         while p + RECORD_SIZE as u64 <= end.min(limit) {
             let r = p as *mut Record;

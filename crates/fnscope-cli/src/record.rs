@@ -879,8 +879,19 @@ impl Recorder {
                 self.thread_names.insert((pid, tid), name.into_owned());
             }
         }
-        let recs = self.region.records(i, n);
-        let nrec = recs.len();
+        let region_recs = self.region.records(i, n);
+        let nrec = region_recs.len();
+        // A slot never written is no call: the agent reserved it in a stub that a signal
+        // handler interrupted, and the handler filled two chunks before the stub could write
+        // (see the agent's `settle_slots`). It is dropped and counted as lost.
+        let holes = region_recs.iter().filter(|r| !r.is_present()).count() as u64;
+        let kept: Vec<Record>;
+        let (recs, lost) = if holes == 0 {
+            (region_recs, lost)
+        } else {
+            kept = region_recs.iter().filter(|r| r.is_present()).copied().collect();
+            (&kept[..], lost + holes)
+        };
         if self.flight.is_some() {
             let raw_from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
             // The triggers saw raw slots; the segment holds call records only.

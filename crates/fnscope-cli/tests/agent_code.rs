@@ -128,8 +128,7 @@ fn slow_paths_call_nothing_outside_the_agent() {
     let roots = [
         "fnscope_args_enter",
         "fnscope_args_exit",
-        "fnscope_args_pad",
-        "fnscope_buffer_full",
+        "fnscope_settle",
         "fnscope_exit_mismatch",
         "fnscope_entry_dead",
         "fnscope_prehook_handler",

@@ -933,6 +933,79 @@ fn check_count_mode(out: &Outcome, name: &str) {
 }
 
 #[test]
+fn handlers_that_swap_chunks_between_a_reservation_and_its_check() {
+    // stepping_swaps.c single-steps through 300 calls of loopfn; its traced SIGTRAP handler
+    // fills the chunk right before each exit stub reserves the call's record slots, and takes
+    // a new chunk right after. The stubs checked the slots against the new chunk alone: with
+    // values recorded, half the calls of loopfn were lost and another chunk's header was
+    // overwritten (its count of lost records became garbage). In timing mode the program was
+    // killed: the chunk swaps, stepped through, blocked the trap signal.
+    let dir = TempDir::new("stepping-swaps");
+    let prog = compile("stepping_swaps.c", dir.path(), "stepping_swaps", &["-O2", "-g"]);
+    let calls = 300;
+    let modes: [(&str, &[&str]); 4] = [
+        ("timing", &[]),
+        ("values of loopfn", &["-A", "loopfn", "-R", "loopfn"]),
+        ("every value", &["-A", "*", "-R", "*"]),
+        ("count", &["--mode", "count"]),
+    ];
+    for (mode, extra) in modes {
+        let trace = dir.join(mode.replace(' ', "-"));
+        let mut args = vec!["record", "-o", path_str(&trace)];
+        args.extend_from_slice(extra);
+        let n = calls.to_string();
+        args.extend(["--", path_str(&prog), &n]);
+        let r = fnscope_cmd(&args);
+        assert_eq!((r.code, r.signal), (0, None), "{mode}: {}", r.describe());
+        let counts = parse_counts(&r.stderr);
+        if mode == "count" {
+            let stats = counted(&trace);
+            for (function, &(_, n)) in &counts {
+                let calls: u64 = stats.iter().filter(|f| f.module == "stepping_swaps" && f.name == *function).map(|f| f.calls).sum();
+                assert_eq!(calls, n, "count mode: calls of {function}");
+            }
+            continue;
+        }
+        assert!(
+            r.stdout.contains(&format!("filled {calls} swaps {calls} ")),
+            "{mode}: the handler did not meet every reservation of the exit stubs (did the stubs change?)\n{}",
+            r.describe()
+        );
+        let stats = report(&trace).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let mut problems = check_counts(&stats, "stepping_swaps", &counts);
+        problems.extend(report_invariants(&stats));
+        if !info(&trace).contains("records lost:     0\n") {
+            problems.push(format!("records lost:\n{}", info(&trace)));
+        }
+        if !extra.is_empty() {
+            // Every call's own values, once each, in order: `loopfn(i) = v;` or, around the
+            // handler's calls, `loopfn(i) {` ... `} = v /* loopfn */`.
+            let replay = fnscope_cmd(&["replay", "-i", path_str(&trace)]);
+            let (mut args, mut rets) = (Vec::new(), Vec::new());
+            for line in replay.stdout.lines() {
+                if let Some((_, rest)) = line.split_once("loopfn(") {
+                    args.push(rest.split(')').next().unwrap_or("").to_string());
+                }
+                let ret = line.split_once("/* loopfn */").map(|(head, _)| head).or_else(|| line.contains("loopfn(").then_some(line));
+                if let Some((_, v)) = ret.and_then(|l| l.rsplit_once(" = ")) {
+                    rets.push(v.trim_end_matches([';', ' ']).to_string());
+                }
+            }
+            let want_args: Vec<String> = (0..calls).map(|i| i.to_string()).collect();
+            let want_rets: Vec<String> = (0..calls).map(|i| (7 * i).to_string()).collect();
+            if args != want_args || rets != want_rets {
+                problems.push(format!(
+                    "the calls of loopfn in the replay are not loopfn(i) = 7i for i in 0..{calls}: arguments {:?}..., values {:?}...",
+                    &args[..args.len().min(5)],
+                    &rets[..rets.len().min(5)]
+                ));
+            }
+        }
+        assert!(problems.is_empty(), "{mode}:\n  - {}\n{}", problems.join("\n  - "), r.describe());
+    }
+}
+
+#[test]
 fn signal_handlers() {
     check_case(&Case::new("signals.c", "signals"));
 }
