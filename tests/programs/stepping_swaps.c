@@ -1,43 +1,52 @@
 /*
- * A traced signal handler that lands between an exit stub's reservation of its record slots
- * and its check of them, every time, and fills the chunk meanwhile, so that the agent takes a
- * new one under the stub. The program single-steps through its loop of calls (the trap flag;
- * fnscope's stubs run inside it); right after each `xadd qword ptr [rdx + 16], rsi` it steps
- * over (an exit stub reserving slots: rdx is the thread's state, whose words 2 and 3 are the
- * next free slot and the chunk's end) the SIGTRAP handler calls `in_handler` until the next
- * free slot jumps: a new chunk. One chunk exactly, never two.
+ * A traced signal handler that lands while an exit stub holds a record slot it has reserved
+ * and not yet written, and fills chunks meanwhile, so that the agent hands the chunk over
+ * and takes a new one under the stub. The program single-steps through its loop of calls
+ * (the trap flag; fnscope's stubs run inside it). The SIGTRAP handler knows an exit stub's
+ * reservation by its instruction, `xadd qword ptr [rdx + 16], rsi` (rdx is the thread's state,
+ * whose words 2 and 3 are the next free slot and the chunk's end; rsi the bytes wanted), and
+ * takes turns at three ways to get in the way:
  *
- * The slots the stub reserved lie in the chunk now handed over, or past its end. The stubs
- * used to check them against the new chunk's end alone: a record was lost, written outside
- * any chunk (over another chunk's header), or left a hole of zeros in the old chunk that the
- * reader took for a call.
+ *   crossed  right before the xadd, calls `in_handler` until less room is left than the stub
+ *            wants, so that its slots run past the chunk's end; right after, takes a new
+ *            chunk. The stubs used to check such slots against the new chunk's end alone and
+ *            write them past the old one's, over the next chunk's header (a call lost, a
+ *            garbage count of lost records);
+ *   before   right after the xadd, fills the chunk until a new one is taken: the slot lies in
+ *            the chunk handed over;
+ *   late     right after the stub's checks (the second conditional jump after the xadd),
+ *            fills two chunks, so that the one holding the slot goes to the recorder before
+ *            the stub writes it, and waits 10 ms, time for the recorder to take it.
  *
  * With the trap flag set, the agent's own slow paths (taking a chunk, with signals blocked)
  * are stepped through too: they used to block SIGTRAP, and the kernel kills a process whose
  * trap is blocked.
  *
- * Prints `swaps N`: how many times the handler found the reservation and made the swap
- * (found by its instruction, so that a change of the stubs shows as a failure, not as a
- * pass); natively 0. `loopfn(i)` returns 7 i, for a check of the recorded values.
+ * Prints how many times each way met the stub (found by its instructions, so that a change
+ * of the stubs shows as a failure, not as a pass; natively all 0). `loopfn(i)` returns 7 i,
+ * for a check of the recorded values. Record with `--exclude on_trap`: the handler's own
+ * record would take the room it leaves.
  */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucontext.h>
 
 #include "counts.h"
-
-#define TRAP_FLAG 0x100
 
 COUNTER(loopfn);
 COUNTER(in_handler);
 COUNTER(on_trap);
 
 static volatile long sink;
-static long filled, swaps;
+static long reservations, crossed, before, late;
+/* The instruction the last trap stopped at: the one the current trap comes after. */
 static const unsigned char *stepped;
+/* Conditional jumps stepped since the last reservation of a `late` turn, or -1. */
+static int jumps_since = -1;
 
 /* xadd qword ptr [rdx + 16], rsi */
 static const unsigned char RESERVE[] = {0x48, 0x0f, 0xc1, 0x72, 0x10};
@@ -54,6 +63,30 @@ NOINLINE long loopfn(long i)
     return i * 7;
 }
 
+static int is_reserve(const unsigned char *p)
+{
+    return memcmp(p, RESERVE, sizeof RESERVE) == 0;
+}
+
+static int is_conditional_jump(const unsigned char *p)
+{
+    return (p[0] >= 0x70 && p[0] <= 0x7f) || (p[0] == 0x0f && p[1] >= 0x80 && p[1] <= 0x8f);
+}
+
+/* Calls in_handler until the next free slot has jumped `swaps` times (each call's record
+   takes 24 or 48 bytes: a jump is a new chunk). Returns whether it did. */
+static int take_chunks(volatile unsigned long *state, int swaps)
+{
+    for (long k = 0; k < 1000000; k++) {
+        unsigned long was = state[2];
+        in_handler(k);
+        unsigned long now = state[2];
+        if ((now < was || now > was + 48) && --swaps == 0)
+            return 1;
+    }
+    return 0;
+}
+
 NOINLINE void on_trap(int sig, siginfo_t *si, void *context)
 {
     (void)sig;
@@ -62,26 +95,26 @@ NOINLINE void on_trap(int sig, siginfo_t *si, void *context)
     ucontext_t *uc = context;
     const unsigned char *next = (const unsigned char *)uc->uc_mcontext.gregs[REG_RIP];
     volatile unsigned long *state = (volatile unsigned long *)uc->uc_mcontext.gregs[REG_RDX];
-    if (memcmp(next, RESERVE, sizeof RESERVE) == 0) {
-        /* About to reserve rsi bytes: calls until less room is left, so that the
-           reservation runs past the chunk's end. */
-        unsigned long size = uc->uc_mcontext.gregs[REG_RSI];
-        for (long k = 0; k < 1000000 && state[3] - state[2] >= size; k++)
+    long turn = reservations % 3;
+    if (is_reserve(next) && turn == 0) {
+        unsigned long want = uc->uc_mcontext.gregs[REG_RSI];
+        for (long k = 0; k < 1000000 && state[3] - state[2] >= want; k++)
             in_handler(k);
-        if (state[3] - state[2] < size)
-            filled++;
     }
-    if (stepped && memcmp(stepped, RESERVE, sizeof RESERVE) == 0) {
-        /* Calls until the next free slot leaves the run of slots it was walking: a new chunk
-           (each call's record takes 24 or 48 bytes). */
-        for (long k = 0; k < 1000000; k++) {
-            unsigned long before = state[2];
-            in_handler(k);
-            unsigned long after = state[2];
-            if (after < before || after > before + 48) {
-                swaps++;
-                break;
-            }
+    if (stepped && is_reserve(stepped)) {
+        reservations++;
+        if (turn == 0 && state[2] > state[3])
+            crossed += take_chunks(state, 1);
+        else if (turn == 1)
+            before += take_chunks(state, 1);
+        else if (turn == 2)
+            jumps_since = 0;
+    } else if (jumps_since >= 0 && stepped && is_conditional_jump(stepped) && ++jumps_since == 2) {
+        jumps_since = -1;
+        if (take_chunks(state, 2)) {
+            late++;
+            struct timespec ms10 = {0, 10000000};
+            nanosleep(&ms10, NULL);
         }
     }
     stepped = next;
@@ -107,9 +140,9 @@ int main(int argc, char **argv)
     for (long i = 0; i < calls; i++)
         sum += loopfn(i);
     trap_flag(0);
-    printf("filled %ld swaps %ld sum %ld\n", filled, swaps, sum);
+    printf("crossed %ld before %ld late %ld sum %ld\n", crossed, before, late, sum);
     PRINT_COUNT(loopfn);
     PRINT_COUNT(in_handler);
-    PRINT_COUNT(on_trap);
+    print_count("skipped", "on_trap", CALLS(on_trap));
     return 0;
 }

@@ -143,6 +143,9 @@ pub const CHUNK_FREE: u32 = 0;
 pub const CHUNK_OWNED: u32 = 1;
 /// `ChunkHeader::state`: the thread is done with the chunk; `nrec` is valid.
 pub const CHUNK_FULL: u32 = 2;
+/// `ChunkHeader::state`: the recorder took the chunk with a slot never written, which a
+/// stub interrupted by a signal handler may still write: the chunk is never used again.
+pub const CHUNK_RETIRED: u32 = 3;
 
 /// Size of [`ChunkHeader`]; records start at this offset within a chunk.
 pub const CHUNK_HEADER_SIZE: usize = 64;
@@ -151,7 +154,7 @@ pub const CHUNK_HEADER_SIZE: usize = 64;
 /// before it publishes the chunk as `FULL` (release ordering on `state`).
 #[repr(C)]
 pub struct ChunkHeader {
-    /// One of `CHUNK_FREE`, `CHUNK_OWNED`, `CHUNK_FULL`; accessed atomically.
+    /// One of `CHUNK_FREE`, `CHUNK_OWNED`, `CHUNK_FULL`, `CHUNK_RETIRED`; accessed atomically.
     pub state: u32,
     /// Image session id of the writing process image (see `images/<sid>.txt`).
     pub image_sid: u32,

@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use fnscope_abi::{
     chunk_offset, records_per_chunk, ChunkHeader, Record, RegionHeader, CHUNK_FLAG_ABANDONED, CHUNK_FREE,
-    CHUNK_FULL, CHUNK_HEADER_SIZE, CHUNK_OWNED, RECORD_SIZE,
+    CHUNK_FULL, CHUNK_HEADER_SIZE, CHUNK_OWNED, CHUNK_RETIRED, RECORD_SIZE,
 };
 use crate::flight::{Flight, FlightOptions, Segment, Trigger};
 use fnscope_format::{EndInfo, Meta, TraceWriter};
@@ -742,6 +742,9 @@ struct Recorder {
     split: (Vec<Record>, fnscope_format::CallData),
     /// [`RecordOptions::spill_after`].
     spill_after: Option<usize>,
+    /// FULL chunks with a slot not written yet, by index and sequence number: when they were
+    /// first seen so (see [`Recorder::hold_back`]).
+    holes_seen: HashMap<(u32, u64), Instant>,
     /// Processors this process may run on.
     processors: usize,
     /// Whether calls may carry data units (`-A`, `-R`, `--args`, `--inject`): without, no
@@ -749,6 +752,12 @@ struct Recorder {
     /// recorder's time).
     values: bool,
 }
+
+/// How long a FULL chunk with a slot not written yet waits for the stub that reserved it
+/// (see [`Recorder::hold_back`]): the stub writes as soon as the signal handler that
+/// interrupted it returns. The thread's later chunks wait with it, and a busy thread fills
+/// about 200 chunks in that time, a fifth of the default region.
+const HOLE_WAIT: Duration = Duration::from_millis(50);
 
 /// Full chunks left waiting beyond which the recorder writes the oldest uncompressed, unless
 /// every processor is busy or the user says otherwise (`--spill-after`).
@@ -881,9 +890,7 @@ impl Recorder {
         }
         let region_recs = self.region.records(i, n);
         let nrec = region_recs.len();
-        // A slot never written is no call: the agent reserved it in a stub that a signal
-        // handler interrupted, and the handler filled two chunks before the stub could write
-        // (see the agent's `settle_slots`). It is dropped and counted as lost.
+        // A slot still not written (see `hold_back`) is no call: dropped, and counted as lost.
         let holes = region_recs.iter().filter(|r| !r.is_present()).count() as u64;
         let kept: Vec<Record>;
         let (recs, lost) = if holes == 0 {
@@ -916,6 +923,13 @@ impl Recorder {
             self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &Default::default())?;
             self.calls += nrec as u64;
             self.pids.insert(pid);
+        }
+        if holes > 0 {
+            // The stub that reserved the slot may still write it: into this chunk, which
+            // therefore nobody gets again.
+            self.holes_seen.retain(|&(index, _), _| index != i);
+            self.region.state(i).store(CHUNK_RETIRED, Ordering::Release);
+            return Ok(());
         }
         let used = CHUNK_HEADER_SIZE + (nrec + 1).min(records_per_chunk(self.region.chunk_size)) * RECORD_SIZE;
         // SAFETY: zeroing the used part of a chunk nobody owns; the state word is set FREE last
@@ -954,11 +968,36 @@ impl Recorder {
             }
             None => DEFAULT_SPILL_AFTER,
         };
+        let mut held: Option<(u32, u32, u32)> = None;
+        let mut taken = 0;
         for (k, c) in full.iter().enumerate() {
+            let thread = (c.sid, c.pid, c.tid);
+            let n = c.nrec.unwrap_or(0) as usize;
+            // A thread's chunks go in stream order: after one held back, its later ones wait.
+            if held == Some(thread) || (spill && self.hold_back(c, n)) {
+                held = Some(thread);
+                continue;
+            }
             let waiting = full.len() - k - 1;
-            self.take(c.index, c.nrec.unwrap_or(0) as usize, 0, spill && waiting >= after)?;
+            self.take(c.index, n, 0, spill && waiting >= after)?;
+            taken += 1;
         }
-        Ok(full.len())
+        Ok(taken)
+    }
+
+    /// Whether FULL chunk `c` (of `n` records) has a slot not written yet and should wait for
+    /// it. A signal handler that fills two chunks while an exit stub holds a slot of the
+    /// first gets that chunk handed over before the stub writes its record there, a moment
+    /// later: the chunk waits up to [`HOLE_WAIT`] while its process lives. After that (or
+    /// when the program is done) it is taken with the slot counted as lost, and retired.
+    fn hold_back(&mut self, c: &ChunkRef, n: usize) -> bool {
+        let key = (c.index, c.seq);
+        if self.region.records(c.index, n).iter().all(Record::is_present) {
+            self.holes_seen.remove(&key);
+            return false;
+        }
+        let first = *self.holes_seen.entry(key).or_insert_with(Instant::now);
+        first.elapsed() < HOLE_WAIT && process_alive(c.pid)
     }
 
     /// Copies chunks still owned by writers that are gone (all of them when `all`), in
@@ -1365,6 +1404,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         image_texts: BTreeMap::new(),
         flight,
         scanned: HashMap::new(),
+        holes_seen: HashMap::new(),
         requests_seen: 0,
         crash_signal: None,
         min_ticks,

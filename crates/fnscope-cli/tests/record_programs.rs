@@ -933,13 +933,17 @@ fn check_count_mode(out: &Outcome, name: &str) {
 }
 
 #[test]
-fn handlers_that_swap_chunks_between_a_reservation_and_its_check() {
-    // stepping_swaps.c single-steps through 300 calls of loopfn; its traced SIGTRAP handler
-    // fills the chunk right before each exit stub reserves the call's record slots, and takes
-    // a new chunk right after. The stubs checked the slots against the new chunk alone: with
-    // values recorded, half the calls of loopfn were lost and another chunk's header was
-    // overwritten (its count of lost records became garbage). In timing mode the program was
-    // killed: the chunk swaps, stepped through, blocked the trap signal.
+fn handlers_that_swap_chunks_while_a_stub_holds_a_record_slot() {
+    // stepping_swaps.c single-steps through 300 calls of loopfn; its SIGTRAP handler takes
+    // turns at filling chunks while an exit stub holds record slots it has reserved but not
+    // written: right before the reservation and right after (so that the slots run past the
+    // chunk's end and a new chunk is taken under the stub), right after only (the slots lie
+    // in the chunk handed over), and after the stub's checks, two chunks (the chunk holding
+    // the slots goes to the recorder before the stub writes them). The stubs checked the
+    // slots against the new chunk's end alone: with values recorded the program crashed, or
+    // calls were lost and another chunk's header overwritten. In timing mode it was killed:
+    // the chunk swaps, stepped through, blocked the trap signal. The recorder took a chunk
+    // with slots still to be written, and read their zeros as calls.
     let dir = TempDir::new("stepping-swaps");
     let prog = compile("stepping_swaps.c", dir.path(), "stepping_swaps", &["-O2", "-g"]);
     let calls = 300;
@@ -951,7 +955,8 @@ fn handlers_that_swap_chunks_between_a_reservation_and_its_check() {
     ];
     for (mode, extra) in modes {
         let trace = dir.join(mode.replace(' ', "-"));
-        let mut args = vec!["record", "-o", path_str(&trace)];
+        // The handler's own record would take the room it leaves.
+        let mut args = vec!["record", "--exclude", "on_trap", "-o", path_str(&trace)];
         args.extend_from_slice(extra);
         let n = calls.to_string();
         args.extend(["--", path_str(&prog), &n]);
@@ -960,15 +965,17 @@ fn handlers_that_swap_chunks_between_a_reservation_and_its_check() {
         let counts = parse_counts(&r.stderr);
         if mode == "count" {
             let stats = counted(&trace);
-            for (function, &(_, n)) in &counts {
+            for (function, &(kind, n)) in &counts {
                 let calls: u64 = stats.iter().filter(|f| f.module == "stepping_swaps" && f.name == *function).map(|f| f.calls).sum();
-                assert_eq!(calls, n, "count mode: calls of {function}");
+                assert_eq!(calls, if kind == Kind::Skipped { 0 } else { n }, "count mode: calls of {function}");
             }
             continue;
         }
+        // Each way of getting in the way met the stubs at least once a call in three.
+        let met: Vec<u64> = r.stdout.split_whitespace().collect::<Vec<_>>().chunks(2).take(3).filter_map(|w| w.get(1)?.parse().ok()).collect();
         assert!(
-            r.stdout.contains(&format!("filled {calls} swaps {calls} ")),
-            "{mode}: the handler did not meet every reservation of the exit stubs (did the stubs change?)\n{}",
+            met.len() == 3 && met.iter().all(|&m| m >= calls / 3),
+            "{mode}: the handler did not meet the exit stubs' reservations as often as it should (did the stubs change?)\n{}",
             r.describe()
         );
         let stats = report(&trace).unwrap_or_else(|e| panic!("{mode}: {e}"));
