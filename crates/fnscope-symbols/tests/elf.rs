@@ -260,7 +260,7 @@ fn damaged_files_do_not_panic() {
 }
 
 /// A damaged `.eh_frame` read on 3 threads gives what one thread gives, without panicking:
-/// scribbled over in turn at points spread over the section, and cut short (its size halved
+/// scribbled over in turn at 48 points spread over the section, and cut short (its size halved
 /// in the section table). The file is this test's own program: most damaged files must still
 /// have more than 1,024 functions with CFI, which only the split path (FDEs parsed on several
 /// threads above 1,024) reads on 3 threads, and most must read differently from the whole
@@ -276,6 +276,7 @@ fn damaged_eh_frame_same_on_threads() {
         let (a, n) = sec.file_range().expect("a file range for .eh_frame");
         (a as usize, n as usize, sec.index().0)
     };
+    const POINTS: usize = 48;
     let whole = load_bytes_on(&path, &data, 1).unwrap();
     let (mut split, mut changed) = (0, 0);
     let mut same = |bytes: &[u8], what: &str| match (load_bytes_on(&path, bytes, 1), load_bytes_on(&path, bytes, 3)) {
@@ -287,8 +288,8 @@ fn damaged_eh_frame_same_on_threads() {
         (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{what}"),
         (a, b) => panic!("{what}: one thread {:?}, three {:?}", a.err(), b.err()),
     };
-    for k in 0..12 {
-        let at = start + size * k / 12;
+    for k in 0..POINTS {
+        let at = start + size * k / POINTS;
         let mut bad = data.clone();
         for b in &mut bad[at..(at + 16).min(start + size)] {
             *b ^= 0x5a;
@@ -303,7 +304,10 @@ fn damaged_eh_frame_same_on_threads() {
     let mut cut = data.clone();
     cut[at..at + 8].copy_from_slice(&(size as u64 / 2).to_le_bytes());
     same(&cut, "half of .eh_frame");
-    assert!(split >= 7 && changed >= 10, "of 13 damaged files, {split} took the split path and {changed} read differently");
+    // Most, in both builds: which scribbles change what is read depends on how the test
+    // program was compiled (12 points were too few for a release build: 8 of 13 changed).
+    let most = (POINTS + 1) / 2 + 1;
+    assert!(split >= most && changed >= most, "of {} damaged files, {split} took the split path and {changed} read differently", POINTS + 1);
 }
 
 /// The inventories of system binaries, where they are present: thousands of entries, one
