@@ -864,7 +864,8 @@ impl Recorder {
 
     /// Writes chunk `i` (holding `n` records) to the trace and frees it: as it is (RAW) when
     /// `raw`, else encoded and compressed.
-    fn take(&mut self, i: u32, n: usize, extra_flags: u32, raw: bool) -> Result<()> {
+    /// `holes`: how many of the `n` slots are not written (see [`Recorder::hold_back`]).
+    fn take(&mut self, i: u32, n: usize, holes: usize, extra_flags: u32, raw: bool) -> Result<()> {
         // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
         let (sid, pid, tid, seq, lost, flags, name) = unsafe {
             let c = &*self.region.chunk(i);
@@ -891,13 +892,12 @@ impl Recorder {
         let region_recs = self.region.records(i, n);
         let nrec = region_recs.len();
         // A slot still not written (see `hold_back`) is no call: dropped, and counted as lost.
-        let holes = region_recs.iter().filter(|r| !r.is_present()).count() as u64;
         let kept: Vec<Record>;
         let (recs, lost) = if holes == 0 {
             (region_recs, lost)
         } else {
             kept = region_recs.iter().filter(|r| r.is_present()).copied().collect();
-            (&kept[..], lost + holes)
+            (&kept[..], lost + holes as u64)
         };
         if self.flight.is_some() {
             let raw_from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
@@ -974,25 +974,28 @@ impl Recorder {
             let thread = (c.sid, c.pid, c.tid);
             let n = c.nrec.unwrap_or(0) as usize;
             // A thread's chunks go in stream order: after one held back, its later ones wait.
-            if held == Some(thread) || (spill && self.hold_back(c, n)) {
+            if held == Some(thread) {
+                continue;
+            }
+            let holes = self.region.records(c.index, n).iter().filter(|r| !r.is_present()).count();
+            if spill && self.hold_back(c, holes) {
                 held = Some(thread);
                 continue;
             }
             let waiting = full.len() - k - 1;
-            self.take(c.index, n, 0, spill && waiting >= after)?;
+            self.take(c.index, n, holes, 0, spill && waiting >= after)?;
             taken += 1;
         }
         Ok(taken)
     }
 
-    /// Whether FULL chunk `c` (of `n` records) has a slot not written yet and should wait for
-    /// it. A signal handler that fills two chunks while an exit stub holds a slot of the
+    /// Whether FULL chunk `c`, with `holes` slots not written yet, should wait for them. A signal handler that fills two chunks while an exit stub holds a slot of the
     /// first gets that chunk handed over before the stub writes its record there, a moment
     /// later: the chunk waits up to [`HOLE_WAIT`] while its process lives. After that (or
     /// when the program is done) it is taken with the slot counted as lost, and retired.
-    fn hold_back(&mut self, c: &ChunkRef, n: usize) -> bool {
+    fn hold_back(&mut self, c: &ChunkRef, holes: usize) -> bool {
         let key = (c.index, c.seq);
-        if self.region.records(c.index, n).iter().all(Record::is_present) {
+        if holes == 0 {
             self.holes_seen.remove(&key);
             return false;
         }
@@ -1007,7 +1010,7 @@ impl Recorder {
         for i in gone.map(|c| c.index).collect::<Vec<_>>() {
             let cap = records_per_chunk(self.region.chunk_size);
             let n = self.region.records(i, cap).iter().take_while(|r| r.is_present()).count();
-            self.take(i, n, CHUNK_FLAG_ABANDONED, false)?;
+            self.take(i, n, 0, CHUNK_FLAG_ABANDONED, false)?;
         }
         self.close_dead_stacks(all)
     }
