@@ -53,6 +53,11 @@ pub fn attach(path: &str) -> Result<u32, String> {
     if fnscope_abi::region_size(chunk_size, nchunks, slots) > len {
         return Err(format!("shared region {path} is shorter than its header says"));
     }
+    // Slots that run past a chunk's end land off the next chunk's grid only then (see
+    // `thread::settle_slots`).
+    if !chunk_size.is_power_of_two() || (chunk_size as usize) <= fnscope_abi::CHUNK_HEADER_SIZE {
+        return Err(format!("shared region {path} has chunks of {chunk_size} bytes, not a power of two: agent and recorder differ"));
+    }
     // SAFETY: `next_image_sid` is a naturally aligned u32 inside the mapping, shared with other
     // processes only through atomic operations.
     let sid = unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*hdr).next_image_sid)) }.fetch_add(1, Ordering::AcqRel);

@@ -986,7 +986,7 @@ pub unsafe fn settle_slots(st: *mut ThreadState, start: u64, bytes: u64) -> Sett
         // delivered as the mask is restored, and its records must find a usable chunk.
         let mask = sys::block_signals();
         write_volatile(addr_of_mut!((*st).in_slow), 1);
-        let holds = |c: *mut ChunkHeader| chunk_area(c).is_some_and(|(lo, hi)| start >= lo && start + bytes <= hi);
+        let holds = |c: *mut ChunkHeader| on_grid(c, start).is_some_and(|(_, hi)| start + bytes <= hi);
         let verdict = if holds((*st).chunk) || holds((*st).prev_chunk) {
             Settle::Write
         } else {
@@ -1012,10 +1012,15 @@ extern "C" fn fnscope_settle(st: *mut ThreadState, start: u64, bytes: u64) -> u3
     unsafe { settle_slots(st, start, bytes) as u32 }
 }
 
-/// The record area `[lo, hi)` of chunk `c`, or `None` for a null chunk.
-fn chunk_area(c: *mut ChunkHeader) -> Option<(u64, u64)> {
+/// The record area `[lo, hi)` of chunk `c` if slot address `at` is one of its slots: inside
+/// it, and on its grid of records. Slots reserved in a chunk a handler swapped out may run
+/// past its end into the next chunk's area, where they lie off that chunk's grid: a chunk's
+/// size is a power of two, never a multiple of the 24-byte record, so neighbouring grids
+/// never line up.
+fn on_grid(c: *mut ChunkHeader, at: u64) -> Option<(u64, u64)> {
     let lo = c as u64 + fnscope_abi::CHUNK_HEADER_SIZE as u64;
-    (!c.is_null()).then(|| (lo, lo + (region::capacity() * RECORD_SIZE) as u64))
+    let hi = lo + (region::capacity() * RECORD_SIZE) as u64;
+    (!c.is_null() && at >= lo && at < hi && (at - lo).is_multiple_of(RECORD_SIZE as u64)).then_some((lo, hi))
 }
 
 /// Publishes the current chunk (if any) and takes a new one.
@@ -1044,7 +1049,9 @@ unsafe fn refill(st: *mut ThreadState) -> bool {
         match region::acquire((*st).pid, (*st).tid, (*st).seq, lost) {
             Some(t) => {
                 (*st).seq += 1;
-                (*st).lost = 0;
+                // Less what was counted in: a handler of a synchronous signal (the trap flag)
+                // that ran meanwhile may have dropped records since.
+                (*st).lost -= lost;
                 region::add_lost(lost);
                 (*st).chunk = t.chunk;
                 write_volatile(addr_of_mut!((*st).buf_ptr), t.start);
@@ -1133,7 +1140,7 @@ pub unsafe fn pad_reserved(st: *mut ThreadState, start: u64, end: u64) {
     // SAFETY: per the caller's guarantee; the chunks it names are this thread's, unpublished.
     unsafe {
         let (chunk, prev) = ((*st).chunk, (*st).prev_chunk);
-        let Some((_, limit)) = [chunk_area(chunk), chunk_area(prev)].into_iter().flatten().find(|&(lo, hi)| start >= lo && start < hi) else { return };
+        let Some((_, limit)) = on_grid(chunk, start).or_else(|| on_grid(prev, start)) else { return };
         let mut p = start;
         while p + RECORD_SIZE as u64 <= end.min(limit) {
             let r = p as *mut Record;

@@ -864,7 +864,8 @@ impl Recorder {
 
     /// Writes chunk `i` (holding `n` records) to the trace and frees it: as it is (RAW) when
     /// `raw`, else encoded and compressed.
-    /// `holes`: how many of the `n` slots are not written (see [`Recorder::hold_back`]).
+    /// `holes`: how many of the `n` slots were not written when the caller looked (see
+    /// [`Recorder::hold_back`]); a slot, once written, stays so.
     fn take(&mut self, i: u32, n: usize, holes: usize, extra_flags: u32, raw: bool) -> Result<()> {
         // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
         let (sid, pid, tid, seq, lost, flags, name) = unsafe {
@@ -892,13 +893,16 @@ impl Recorder {
         let region_recs = self.region.records(i, n);
         let nrec = region_recs.len();
         // A slot still not written (see `hold_back`) is no call: dropped, and counted as lost.
+        // Counted again here, with the copy: a stub may have written one since `holes` was.
         let kept: Vec<Record>;
-        let (recs, lost) = if holes == 0 {
-            (region_recs, lost)
+        let (recs, holes) = if holes == 0 {
+            (region_recs, 0)
         } else {
             kept = region_recs.iter().filter(|r| r.is_present()).copied().collect();
-            (&kept[..], lost + holes as u64)
+            let holes = nrec - kept.len();
+            (&kept[..], holes)
         };
+        let lost = lost + holes as u64;
         if self.flight.is_some() {
             let raw_from = self.scanned.remove(&i).filter(|&(s, _)| s == seq).map_or(0, |(_, k)| k);
             // The triggers saw raw slots; the segment holds call records only.
@@ -921,7 +925,7 @@ impl Recorder {
         } else {
             // Straight from shared memory: no copy on the path of every call.
             self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &Default::default())?;
-            self.calls += nrec as u64;
+            self.calls += recs.len() as u64;
             self.pids.insert(pid);
         }
         if holes > 0 {
