@@ -862,8 +862,8 @@ impl Recorder {
         Ok(())
     }
 
-    /// Writes chunk `i` (holding `n` records) to the trace and frees it: as it is (RAW) when
-    /// `raw`, else encoded and compressed.
+    /// Writes chunk `i` (holding `n` records) to the trace and frees it (retires it if it has
+    /// holes): as it is (RAW) when `raw`, else encoded and compressed.
     /// `holes`: how many of the `n` slots were not written when the caller looked (see
     /// [`Recorder::hold_back`]); a slot, once written, stays so.
     fn take(&mut self, i: u32, n: usize, holes: usize, extra_flags: u32, raw: bool) -> Result<()> {
@@ -993,10 +993,11 @@ impl Recorder {
         Ok(taken)
     }
 
-    /// Whether FULL chunk `c`, with `holes` slots not written yet, should wait for them. A signal handler that fills two chunks while an exit stub holds a slot of the
-    /// first gets that chunk handed over before the stub writes its record there, a moment
-    /// later: the chunk waits up to [`HOLE_WAIT`] while its process lives. After that (or
-    /// when the program is done) it is taken with the slot counted as lost, and retired.
+    /// Whether FULL chunk `c`, with `holes` slots not written yet, should wait for them. A
+    /// signal handler that fills two chunks while an exit stub holds a slot of the first gets
+    /// that chunk handed over before the stub writes its record there, a moment later: the
+    /// chunk waits up to [`HOLE_WAIT`] while its process lives. After that (or when the
+    /// program is done) it is taken with the slot counted as lost, and retired.
     fn hold_back(&mut self, c: &ChunkRef, holes: usize) -> bool {
         let key = (c.index, c.seq);
         if holes == 0 {
