@@ -1389,9 +1389,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             cmd.env(fnscope_abi::ENV_TRIGGER_SIGNAL, sig.to_string());
         }
     }
-    let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
+    // Before the spawn: a signal sent to fnscope as soon as the program is up (it may print
+    // "ready" before this thread runs again on a busy machine) must be forwarded, not kill
+    // fnscope. exec resets the handlers in the program; one that lands in the child before
+    // exec only sets that copy's flag.
     install_signal_forwarding();
     install_child_wakeup();
+    let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
     let child_pid = child.id() as libc::pid_t;
     let flight = opts.flight.clone().map(|o| Flight::new(o, ticks_per_ns));
     let mut rec = Recorder {
