@@ -750,6 +750,9 @@ pub(crate) fn count_head(slot: u64, area: u64, id: u32) -> [u8; COUNT_CODE_OFFSE
     h
 }
 
+/// How many functions ahead [`build_slots`] asks for a function's first bytes.
+const PREFETCH_AHEAD: usize = 16;
+
 /// Builds the slots for `plans` (in function index order) in a new area near the module
 /// `obj`, moving prologues through its cached relocations (stored again if most were new),
 /// and returns the patches to write. Plans whose prologue cannot be relocated, or whose
@@ -800,7 +803,16 @@ fn build_slots(
     // so do the ids of the first pass).
     let borrows = |p: &&Planned| matches!(p.hook.form, HookForm::Borrowed { .. });
     let mut first_pass = None;
-    for p in plans.iter().filter(|p| !borrows(p)).chain(plans.iter().filter(borrows)) {
+    let order: Vec<&Planned> = plans.iter().filter(|p| !borrows(p)).chain(plans.iter().filter(borrows)).collect();
+    for (k, &p) in order.iter().enumerate() {
+        // Each function's first bytes are a cache miss of their own (functions lie hundreds of
+        // bytes apart, too far for the hardware to guess): asked for this far ahead, they
+        // arrive while the slots before are built. A prefetch never faults.
+        if let Some(ahead) = order.get(k + PREFETCH_AHEAD) {
+            // SAFETY: SSE is part of x86-64's baseline, and a prefetch of any address, mapped
+            // or not, only hints the cache.
+            unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(ahead.addr as *const i8) };
+        }
         let after = match p.hook.form {
             HookForm::Borrowed { donor, .. } => match ids[..*first_pass.get_or_insert(ids.len())].binary_search_by_key(&donor, |&(i, _)| i) {
                 Ok(k) => Some(ids[k].1),
