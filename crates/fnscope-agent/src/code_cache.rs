@@ -21,8 +21,9 @@
 //!
 //! Files live in the analysis cache's folder (one per agent build), are written once under a
 //! temporary name of their own and renamed, and never change after (a process may be running
-//! the code in one); each ends with a checksum of the code, checked before it is used: a
-//! damaged file is removed and the copy made again. The recorder keeps the folder's few newest
+//! the code in one); each ends with a checksum of the code, checked before it is first used
+//! and again whenever the file was written since (see `checked_mark`): a damaged file is
+//! removed and the copy made again. The recorder keeps the folder's few newest
 //! (see the CLI's `agent_lib`).
 
 use std::path::{Path, PathBuf};
@@ -62,27 +63,46 @@ pub fn file_for<'a>(module: &Path, offset: u64, len: usize, prot: u32, earlier: 
 }
 
 /// Maps `file`'s code (`len` bytes, read only) where the kernel likes, once its checksum
-/// matches; `None` when there is no such file or it is damaged (then it is removed).
+/// matches (or matched before: [`checked_mark`]); `None` when there is no such file or it is
+/// damaged (then it is removed).
 pub fn map(file: &Path, len: usize) -> Option<u64> {
-    let (addr, tail) = crate::sys::map_prefix(file, len).ok()?;
-    // SAFETY: `[addr, addr + len)` is the private read-only mapping just made, of a file
-    // that never changes once in place (see the module's documentation).
-    let code = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
-    if crate::plan_cache::checksum(code) != u64::from_le_bytes(tail) {
-        crate::sys::munmap(addr as *mut u8, len);
-        crate::sys::unlink(file);
-        return None;
+    let (addr, tail, version) = crate::sys::map_prefix(file, len).ok()?;
+    let mark = checked_mark(tail);
+    if version.mtime_nsec != mark {
+        // SAFETY: `[addr, addr + len)` is the private read-only mapping just made, of a file
+        // that never changes once in place (see the module's documentation).
+        let code = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
+        if crate::plan_cache::checksum(code) != u64::from_le_bytes(tail) {
+            crate::sys::munmap(addr as *mut u8, len);
+            crate::sys::unlink(file);
+            return None;
+        }
+        crate::sys::set_mtime_nsec(file, &version, mark);
     }
     Some(addr)
 }
 
+/// The nanoseconds of the modification time of a code file whose checksum (its last word,
+/// `sum`) was found to match. Summing a big module's copy read all of its pages (about 20 MiB
+/// for `cc1`, a fifth of a warm start-up) where the program uses few; a file is checked once,
+/// then marked. Any write to the file sets its modification time anew, with nanoseconds that
+/// are this mark once in a billion times, so a file changed since is checked again. Never 0,
+/// which a file system without nanoseconds keeps: there every start-up checks.
+fn checked_mark(sum: [u8; 8]) -> i64 {
+    1 + (u64::from_le_bytes(sum) % 999_999_998) as i64
+}
+
 /// Keeps `code`, a finished copy, as `file` (best effort: a cache that cannot be written
-/// costs the next start-up the copy, nothing more).
+/// costs the next start-up the copy, nothing more). The file is marked checked
+/// ([`checked_mark`]): its bytes are those just summed.
 pub fn store(file: &Path, code: &[u8]) {
     let tmp = file.with_extension(format!("tmp{}.{}", crate::sys::getpid(), crate::sys::gettid()));
     let sum = crate::plan_cache::checksum(code).to_le_bytes();
     match crate::sys::write_new_file_parts(&tmp, &[code, &sum]) {
         Ok(()) => {
+            if let Ok(version) = crate::sys::file_version(&tmp) {
+                crate::sys::set_mtime_nsec(&tmp, &version, checked_mark(sum));
+            }
             if crate::sys::rename(&tmp, file).is_err() {
                 crate::sys::unlink(&tmp);
             }

@@ -319,29 +319,69 @@ pub fn map_file(path: &std::path::Path) -> Result<Bytes, Errno> {
     }
 }
 
+/// Which file, and which version of it: what [`set_mtime_nsec`] compares before it writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FileVersion {
+    dev: u64,
+    ino: u64,
+    /// The modification time, seconds and nanoseconds.
+    mtime: i64,
+    /// Public: a cache file may carry a mark there ([`crate::code_cache`]).
+    pub mtime_nsec: i64,
+}
+
+impl FileVersion {
+    fn of(st: &libc::stat) -> FileVersion {
+        FileVersion { dev: st.st_dev, ino: st.st_ino, mtime: st.st_mtime, mtime_nsec: st.st_mtime_nsec }
+    }
+}
+
 /// Maps the first `len` bytes of the file at `path`, which must hold exactly `len + 8`, read
-/// only and private, where the kernel likes; returns the address and the last 8 bytes (read,
-/// not mapped). The caller unmaps it.
-pub fn map_prefix(path: &std::path::Path, len: usize) -> Result<(u64, [u8; 8]), Errno> {
-    with_open_file(path, |fd, size| {
+/// only and private, where the kernel likes; returns the address, the last 8 bytes (read,
+/// not mapped) and the version of the file mapped. The caller unmaps it.
+pub fn map_prefix(path: &std::path::Path, len: usize) -> Result<(u64, [u8; 8], FileVersion), Errno> {
+    with_open_file(path, |fd, st| {
         let mut tail = [0u8; 8];
-        if size != len as u64 + 8 || !pread(fd, &mut tail, len as u64) {
+        if st.st_size as u64 != len as u64 + 8 || !pread(fd, &mut tail, len as u64) {
             return Err(Errno::INVALID);
         }
-        map_fd(fd, len).map(|a| (a as u64, tail))
+        map_fd(fd, len).map(|a| (a as u64, tail, FileVersion::of(st)))
     })
 }
 
+/// The version of the file at `path` now.
+pub fn file_version(path: &std::path::Path) -> Result<FileVersion, Errno> {
+    with_open_file(path, |_, st| Ok(FileVersion::of(st)))
+}
+
+/// Sets the nanoseconds of the modification time of the file at `path` to `nsec` (its
+/// seconds stay), if it is still `was`: a file put in its place since, or written since, is
+/// left alone. Best effort.
+pub fn set_mtime_nsec(path: &std::path::Path, was: &FileVersion, nsec: i64) {
+    const SYS_UTIMENSAT: usize = 280;
+    const UTIME_OMIT: i64 = (1 << 30) - 2;
+    let _ = with_open_file(path, |fd, st| {
+        if FileVersion::of(st) != *was {
+            return Err(Errno::INVALID);
+        }
+        let times = [libc::timespec { tv_sec: 0, tv_nsec: UTIME_OMIT }, libc::timespec { tv_sec: was.mtime, tv_nsec: nsec }];
+        // SAFETY: utimensat on the open descriptor itself (no path), with two valid timespecs;
+        // it changes the file's times and nothing in memory.
+        check(unsafe { syscall6(SYS_UTIMENSAT, fd, 0, times.as_ptr() as usize, 0, 0, 0) })
+    });
+}
+
 fn map_whole(path: &std::path::Path) -> Result<Bytes, Errno> {
-    with_open_file(path, |fd, size| match usize::try_from(size) {
+    with_open_file(path, |fd, st| match usize::try_from(st.st_size) {
         Ok(0) => Ok(Bytes::from(Vec::new())),
         Ok(len) => map_fd(fd, len).map(|addr| Bytes(Held::Mapped { addr, len })),
         Err(_) => Err(Errno::INVALID),
     })
 }
 
-/// Opens `path` read only and calls `f` with the descriptor and the file's size; closes it.
-fn with_open_file<T>(path: &std::path::Path, f: impl FnOnce(usize, u64) -> Result<T, Errno>) -> Result<T, Errno> {
+/// Opens `path` read only and calls `f` with the descriptor and what fstat says of it;
+/// closes it.
+fn with_open_file<T>(path: &std::path::Path, f: impl FnOnce(usize, &libc::stat) -> Result<T, Errno>) -> Result<T, Errno> {
     const SYS_FSTAT: usize = 5;
     let p = c_path(path);
     // SAFETY: `p` is NUL-terminated and outlives the call.
@@ -350,7 +390,7 @@ fn with_open_file<T>(path: &std::path::Path, f: impl FnOnce(usize, u64) -> Resul
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: `st` is a valid out-parameter of the layout the kernel writes for fstat(2) on
     // x86-64 (libc's `struct stat` is that layout); `fd` is open.
-    let r = check(unsafe { syscall6(SYS_FSTAT, fd, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) }).and_then(|_| f(fd, st.st_size as u64));
+    let r = check(unsafe { syscall6(SYS_FSTAT, fd, &mut st as *mut libc::stat as usize, 0, 0, 0, 0) }).and_then(|_| f(fd, &st));
     close(fd);
     r
 }

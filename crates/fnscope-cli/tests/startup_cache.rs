@@ -103,6 +103,16 @@ fn code_files(cache: &Path) -> Vec<PathBuf> {
     plan_files(cache).into_iter().filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("code-"))).collect()
 }
 
+/// Whether the code file `file` carries the agent's mark of a file whose checksum matched
+/// (see the agent's `code_cache::checked_mark`): its modification time's nanoseconds are 1 +
+/// its last word modulo 999,999,998.
+fn marked_checked(file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let b = std::fs::read(file).unwrap();
+    let sum = u64::from_le_bytes(b[b.len() - 8..].try_into().unwrap());
+    std::fs::metadata(file).unwrap().mtime_nsec() == 1 + (sum % 999_999_998) as i64
+}
+
 /// A program of 4,000 functions of about 1 KiB each (4 MiB of code, a jump on every page once
 /// hooked), function `f<i>` called `i % 3 + 1` times.
 fn build_big(dir: &Path) -> PathBuf {
@@ -160,13 +170,18 @@ fn kept_patched_code_is_mapped_again_and_damage_is_ignored() {
     assert_eq!(code_files(&cache).len(), 1);
     let (kept, mapped, err) = run(2, &[]);
     assert!(mapped && !kept, "the kept copy was not used\n{err}");
+    // A file checked once carries a mark in its modification time's nanoseconds, so that later
+    // runs do not read all of it again: any write since sets the time anew (below).
+    assert!(marked_checked(&code_files(&cache)[0]), "the kept copy is not marked as checked");
 
-    // Bytes flipped in the middle: the copy is made again, and kept in place of the damaged one.
+    // Bytes flipped in the middle of a marked file: the copy is made again, and kept in place
+    // of the damaged one.
     let file = &code_files(&cache)[0];
     let mut b = std::fs::read(file).unwrap();
     let mid = b.len() / 2;
     b[mid..mid + 64].iter_mut().for_each(|x| *x ^= 0xa5);
     std::fs::write(file, b).unwrap();
+    assert!(!marked_checked(file), "a write kept the mark");
     let (kept, mapped, err) = run(3, &[]);
     assert!(kept && !mapped, "a damaged copy was used\n{err}");
     let (kept, mapped, err) = run(4, &[]);
