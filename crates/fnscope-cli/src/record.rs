@@ -11,7 +11,7 @@ use fnscope_format::{EndInfo, Meta, TraceWriter};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Options of `record`.
@@ -1203,12 +1203,16 @@ const CRASH_SIGNALS: [i32; 7] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, lib
 
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// Whether the program has been started: until then no signal reaches it but through fnscope.
+static SPAWNED: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // A signal typed at the terminal reaches the whole foreground group, the program included:
-    // forward only the ones sent to fnscope alone (si_code <= 0: kill, sigqueue, tgkill).
+    // forward only the ones sent to fnscope alone (si_code <= 0: kill, sigqueue, tgkill), and
+    // any that came before the program was there to get it.
     // SAFETY: the kernel passes a valid siginfo to SA_SIGINFO handlers.
     let code = unsafe { (*info).si_code };
-    if code <= 0 || sig == libc::SIGTERM || sig == libc::SIGHUP {
+    if code <= 0 || sig == libc::SIGTERM || sig == libc::SIGHUP || !SPAWNED.load(Ordering::Relaxed) {
         PENDING_SIGNAL.store(sig, Ordering::Relaxed);
     }
 }
@@ -1396,6 +1400,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     install_signal_forwarding();
     install_child_wakeup();
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
+    SPAWNED.store(true, Ordering::Relaxed);
     let child_pid = child.id() as libc::pid_t;
     let flight = opts.flight.clone().map(|o| Flight::new(o, ticks_per_ns));
     let mut rec = Recorder {
