@@ -32,8 +32,10 @@ use std::path::{Path, PathBuf};
 /// a leaf's times as the gap since the previous exit and its duration (see docs/FORMAT.md),
 /// which an older reader would misread: every file says 4. Version 5 compresses IMAGE
 /// chunks' tables. Version 6 compresses EVENTS chunks' time columns in a zstd frame of their
-/// own, which a version 5 reader might not make room for.
-pub const FORMAT_VERSION: u32 = 6;
+/// own, which a version 5 reader might not make room for. Version 7 splits the time columns
+/// into six streams by the kind of record (see docs/FORMAT.md), which a version 6 reader
+/// would read as two.
+pub const FORMAT_VERSION: u32 = 7;
 /// First version whose IMAGE chunks hold their table as two zstd frames (see
 /// [`TraceWriter::write_image`]).
 const PACKED_IMAGES_SINCE: u32 = 5;
@@ -44,6 +46,8 @@ const IMAGE_ZSTD_LEVEL: i32 = 1;
 const PACKED_BODIES_KEPT: usize = 4;
 /// First version whose EVENTS chunks hold two zstd frames, the time columns in the second.
 const TIME_FRAME_SINCE: u32 = 6;
+/// First version whose EVENTS chunks hold their time columns as six streams by record class.
+const TIME_CLASSES_SINCE: u32 = 7;
 /// First version whose EVENTS chunks store leaves' times as gap and duration.
 const LEAF_GAPS_SINCE: u32 = 4;
 /// First version whose chunk checksums cover kind and length too.
@@ -823,7 +827,9 @@ impl Drop for TraceWriter {
 
 /// How EVENTS chunks of format `version` store times.
 fn timing_of(version: u32) -> events::Timing {
-    if version >= LEAF_GAPS_SINCE {
+    if version >= TIME_CLASSES_SINCE {
+        events::Timing::Classes
+    } else if version >= LEAF_GAPS_SINCE {
         events::Timing::LeafGaps
     } else {
         events::Timing::Exits

@@ -32,8 +32,8 @@ pub(crate) struct SegmentEncoder {
     /// writer's COUNTS and SUMMARY chunks.
     zstd: zstd::bulk::Compressor<'static>,
     /// Compressor of EVENTS chunks' time columns, for files of version 6 on, which store them
-    /// in a frame of their own.
-    time_zstd: Option<zstd::bulk::Compressor<'static>>,
+    /// in a frame of their own (from version 7, a block per time stream).
+    time_zstd: Option<zstd::zstd_safe::CCtx<'static>>,
     /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
 }
@@ -83,8 +83,8 @@ impl SegmentEncoder {
         out.events.clear();
         out.events.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
         let compressed = match &mut self.time_zstd {
-            Some(time_zstd) => append_frame(&mut self.zstd, &self.columns[..times], &mut out.events)
-                .and_then(|()| append_frame(time_zstd, &self.columns[times..], &mut out.events)),
+            Some(time_zstd) => append_frame(&mut self.zstd, &self.columns[..times[0]], &mut out.events)
+                .and_then(|()| append_blocks(time_zstd, &self.columns, &times, &mut out.events)),
             None => append_frame(&mut self.zstd, &self.columns, &mut out.events),
         };
         compressed.map_err(io_err("compress records for", &self.path))
@@ -114,6 +114,39 @@ impl SegmentEncoder {
         p.extend_from_slice(&(data.len() as u32).to_le_bytes());
         append_frame(zstd, out.bytes(), p).map_err(io_err("compress call data for", &self.path))
     }
+}
+
+/// Appends one zstd frame of `src[bounds[0]..bounds[last]]` to `p`, each stream
+/// `src[bounds[i]..bounds[i + 1]]` in blocks of its own: a block boundary gives the next stream
+/// a Huffman table of its own. The frame states its decoded size.
+fn append_blocks(zstd: &mut zstd::zstd_safe::CCtx<'static>, src: &[u8], bounds: &[usize], p: &mut Vec<u8>) -> io::Result<()> {
+    use zstd::zstd_safe::zstd_sys::ZSTD_EndDirective as End;
+    use zstd::zstd_safe::{InBuffer, OutBuffer};
+    let err = |code| io::Error::other(zstd::zstd_safe::get_error_name(code));
+    let (first, last) = (bounds[0], bounds[bounds.len() - 1]);
+    zstd.reset(zstd::zstd_safe::ResetDirective::SessionOnly).map_err(err)?;
+    zstd.set_pledged_src_size(Some((last - first) as u64)).map_err(err)?;
+    // Room for every stream's worst case: each is bounded apart, with its own block headers.
+    let room: usize = bounds.windows(2).map(|w| zstd::zstd_safe::compress_bound(w[1] - w[0])).sum();
+    p.reserve(room + 32);
+    let mut step = |input: &[u8], end: End| -> io::Result<()> {
+        let mut input = InBuffer::around(input);
+        loop {
+            if p.len() == p.capacity() {
+                p.reserve(4096);
+            }
+            let at = p.len();
+            let mut output = OutBuffer::around_pos(p, at);
+            let left = zstd.compress_stream2(&mut output, &mut input, end).map_err(err)?;
+            if left == 0 && input.pos() == input.src.len() {
+                return Ok(());
+            }
+        }
+    };
+    for w in bounds.windows(2).filter(|w| w[1] > w[0]) {
+        step(&src[w[0]..w[1]], End::ZSTD_e_flush)?;
+    }
+    step(&[], End::ZSTD_e_end)
 }
 
 /// Appends a zstd frame of `src` to `p`, compressed in place: through a cursor at its end,

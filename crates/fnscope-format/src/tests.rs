@@ -320,7 +320,17 @@ fn time_columns_have_a_frame_of_their_own_from_version_6() {
         let lens: Vec<usize> = (0..3).map(|_| events::get_varint(&head, &mut at).unwrap() as usize).collect();
         assert_eq!(head.len(), at + lens[0] + lens[1], "the first frame ends where the exits start");
     }
-    for path in [&v5, &v6] {
+    // Version 7: the same two frames, the second holding the six time streams.
+    let (v7, _) = write_sample_as(&tmpdir("frames-v7"), 7);
+    for (_, seven) in events_frames(&std::fs::read(&v7).unwrap()) {
+        assert_eq!(seven.len(), 2);
+        let (head, times) = (unzstd(seven[0]), unzstd(seven[1]));
+        let mut at = 0;
+        let lens: Vec<usize> = (0..7).map(|_| events::get_varint(&head, &mut at).unwrap() as usize).collect();
+        assert_eq!(head.len(), at + lens[0] + lens[1], "the first frame ends where the time streams start");
+        assert!(lens[2..].iter().sum::<usize>() <= times.len());
+    }
+    for path in [&v5, &v6, &v7] {
         assert_eq!(events_of(read_all(path).unwrap().0), segs, "{}", path.display());
     }
 }
