@@ -191,6 +191,11 @@ fn start(envp: *const *const libc::c_char) {
         warn("tracing disabled: FNSCOPE_DIR is not set (start programs with `fnscope record`)");
         return;
     }
+    if let Err(e) = stubs::specialise_tls() {
+        if verbose() {
+            warn(&format!("the stubs load their thread state the slower way: {e}"));
+        }
+    }
     if let Err(e) = setup(settings) {
         warn(&format!("tracing disabled in pid {}: {e}", sys::getpid()));
     }
