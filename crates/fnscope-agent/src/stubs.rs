@@ -24,7 +24,10 @@
 //! - Spills go below `rsp`. At a function's entry (and after its return) that memory belongs
 //!   to the callee, never to the caller's red zone: the `call` itself wrote there. The kernel
 //!   puts signal frames 128 bytes further down, so spills survive a signal.
-//! - Per-thread state is one `fs`-relative load (initial-exec TLS, the agent is preloaded).
+//! - Per-thread state is one `fs`-relative load (initial-exec TLS, the agent is preloaded;
+//!   [`specialise_tls`] writes the offset into the code), made before the time stamp.
+//! - What a stub costs is the longest chain of dependent loads between two time stamps, not
+//!   its number of instructions: `rdtsc` waits for the instructions before it to complete.
 //! - Reservations of shadow-stack slots and record slots are single `xadd` instructions (not
 //!   `lock`ed: only this thread touches its state, and a signal arrives between instructions),
 //!   so a signal handler that calls hooked functions in the middle of a stub takes the next
