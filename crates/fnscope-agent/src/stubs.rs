@@ -278,11 +278,13 @@ fnscope_exit:
     shl rdx, 32
     or rax, rdx
     mov rdx, rcx
+    /* The entry's words read at their offsets from the top, so that the top's adjustment
+       stays off the chain that the return address (and the next rdtsc) waits for. */
     mov rcx, qword ptr [rdx]
-    sub rcx, 32
-    cmp qword ptr [rcx + 24], rsp
+    mov rsi, qword ptr [rcx - 32]
+    cmp qword ptr [rcx - 8], rsp
+    lea rcx, [rcx - 32]
     jne .Lexit_mismatch
-    mov rsi, qword ptr [rcx]
     mov qword ptr [rsp], rsi
     /* --min-duration: a call shorter than the threshold (0 without one) is not recorded. */
     mov rsi, rax
@@ -458,11 +460,13 @@ fnscope_exit_args:
     shl rdx, 32
     or rax, rdx
     mov rdx, rcx
+    /* The entry's words read at their offsets from the top, so that the top's adjustment
+       stays off the chain that the return address (and the next rdtsc) waits for. */
     mov rcx, qword ptr [rdx]
-    sub rcx, 32
-    cmp qword ptr [rcx + 24], rsp
+    mov rsi, qword ptr [rcx - 32]
+    cmp qword ptr [rcx - 8], rsp
+    lea rcx, [rcx - 32]
     jne .Lxa_mismatch
-    mov rsi, qword ptr [rcx]
     mov qword ptr [rsp], rsi
     mov rsi, rax
     sub rsi, qword ptr [rcx + 8]
