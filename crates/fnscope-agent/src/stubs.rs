@@ -861,6 +861,10 @@ extern "C" {
 /// `mov rcx, fs:[rcx]`.
 const TLS_LOAD_GOT: [u8; 11] = [0x48, 0x8b, 0x0d, 0, 0, 0, 0, 0x64, 0x48, 0x8b, 0x09];
 
+/// The first instruction of [`TLS_LOAD_GOT`] as a linker rewrites it in an executable (the
+/// agent's crate linked into its tests), where the offset is known: `mov rcx, imm32`.
+const TLS_LOAD_LINKED: [u8; 3] = [0x48, 0xc7, 0xc1];
+
 /// What [`specialise_tls`] writes over [`TLS_LOAD_GOT`]: `mov rcx, fs:[offset]` (the offset's
 /// 4 bytes at 5..9), then a 2-byte nop.
 fn tls_load_inline(offset: i32) -> [u8; 11] {
@@ -889,8 +893,8 @@ pub fn specialise_tls() -> Result<(), String> {
     for &at in &sites {
         // SAFETY: `at` is a label in the agent's text, followed by the 11 bytes of the load.
         let code = unsafe { core::slice::from_raw_parts(at as *const u8, TLS_LOAD_GOT.len()) };
-        let got_part = code[..3] == TLS_LOAD_GOT[..3] && code[7..] == TLS_LOAD_GOT[7..];
-        if !got_part && code != tls_load_inline(offset) {
+        let two_loads = (code[..3] == TLS_LOAD_GOT[..3] || code[..3] == TLS_LOAD_LINKED) && code[7..] == TLS_LOAD_GOT[7..];
+        if !two_loads && code != tls_load_inline(offset) {
             return Err(format!("unexpected code at the TLS load {at:#x}: {code:02x?}"));
         }
     }
@@ -935,4 +939,55 @@ pub unsafe fn read_st0(out: *mut u8) {
 pub fn tsc() -> u64 {
     // SAFETY: `fnscope_rdtsc` only executes rdtsc; it touches no memory.
     unsafe { fnscope_rdtsc() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
+
+    fn decode(code: &[u8]) -> Vec<Instruction> {
+        Decoder::with_ip(64, code, 0x1000, DecoderOptions::NONE).into_iter().collect()
+    }
+
+    /// The bytes [`specialise_tls`] looks for and writes are the instructions they stand for:
+    /// both forms load `rcx` with the thread's state word, in the same 11 bytes.
+    #[test]
+    fn tls_loads_are_the_instructions_they_stand_for() {
+        let mut got = TLS_LOAD_GOT;
+        got[3..7].copy_from_slice(&0x1234i32.to_le_bytes());
+        let g = decode(&got);
+        assert_eq!(g.len(), 2);
+        assert_eq!((g[0].code(), g[0].op0_register(), g[0].memory_base()), (Code::Mov_r64_rm64, Register::RCX, Register::RIP));
+        assert_eq!(g[0].memory_displacement64(), 0x1000 + 7 + 0x1234);
+        assert_eq!((g[1].code(), g[1].op0_register(), g[1].memory_base(), g[1].segment_prefix()), (Code::Mov_r64_rm64, Register::RCX, Register::RCX, Register::FS));
+        let mut linked = TLS_LOAD_GOT;
+        linked[..3].copy_from_slice(&TLS_LOAD_LINKED);
+        linked[3..7].copy_from_slice(&(-0x70i32).to_le_bytes());
+        let l = decode(&linked);
+        assert_eq!((l[0].code(), l[0].op0_register(), l[0].immediate32to64()), (Code::Mov_rm64_imm32, Register::RCX, -0x70));
+        assert_eq!(l[1], g[1]);
+        for offset in [-0x60, -0x7fff_fff0, 0x10] {
+            let i = decode(&tls_load_inline(offset));
+            assert_eq!(i.len(), 2, "{offset:#x}");
+            assert_eq!((i[0].code(), i[0].op0_register(), i[0].memory_base(), i[0].segment_prefix()), (Code::Mov_r64_rm64, Register::RCX, Register::None, Register::FS));
+            assert_eq!(i[0].memory_displacement64(), offset as i64 as u64);
+            assert_eq!(i[1].code(), Code::Nopw);
+        }
+    }
+
+    /// In this test process too, the stubs' four loads become the inline form with this
+    /// process's offset, and a second call finds them done.
+    #[test]
+    fn stubs_get_the_offset_written_in() {
+        specialise_tls().unwrap();
+        specialise_tls().unwrap();
+        // SAFETY: as in `specialise_tls`.
+        let (offset, sites) = unsafe { (fnscope_tls_offset() as i64 as i32, core::ptr::addr_of!(fnscope_tls_sites).read()) };
+        for at in sites {
+            // SAFETY: as in `specialise_tls`.
+            let code = unsafe { core::slice::from_raw_parts(at as *const u8, TLS_LOAD_GOT.len()) };
+            assert_eq!(code, tls_load_inline(offset));
+        }
+    }
 }
