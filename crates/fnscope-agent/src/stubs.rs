@@ -877,9 +877,10 @@ fn tls_load_inline(offset: i32) -> [u8; 11] {
 ///
 /// `rdtsc` waits for the instructions before it to complete: the time between two stamps is
 /// the longest chain of dependent loads between them, past the 12 or so cycles the counter
-/// itself hides (measured on the Intel VM: a chain of 4 loads after each `rdtsc` adds 1 ns,
-/// 8 loads 6 ns, while 8 independent loads add 0.4). Both stubs start their chains with this
-/// load; one load less per stub took fib's in-process cost from 22.8 to 20.2-20.9 ns a call.
+/// itself hides (`bench/tools/rdtsc_chain.c`, on the Intel VM: a chain of 4 loads after each
+/// of two `rdtsc` adds 1.8 ns, of 8 loads 12 ns, while 8 independent loads add 0.5). Both
+/// stubs start their chains with this load; one load less per stub took fib's in-process
+/// cost from 22.8 to 20.2-20.9 ns a call.
 ///
 /// The offset is fixed for the process once the agent is loaded (initial-exec TLS), so it is
 /// written once, at start-up, before any function is hooked: no thread runs a stub yet. If
