@@ -10,24 +10,8 @@
  * 27.9: `rdtsc` waits for the loads before it, so a stub pays for its longest chain of
  * dependent loads beyond the dozen cycles the counter hides, not for its instructions. */
 #include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-#define N 2000000
-#define REPS 7
+#include "timing.h"
 
 /* A word that holds its own address: loading from it gives the address again. */
 static void *self_word;
@@ -51,8 +35,7 @@ static void *self_word;
             ROUNDS(body);                                                                      \
             v[r] = (now_ns() - t0) / N;                                                        \
         }                                                                                      \
-        qsort(v, REPS, sizeof *v, cmp);                                                        \
-        printf("%-22s %.2f ns\n", name, v[REPS / 2]);                                          \
+        printf("%-22s %.2f ns\n", name, median(v));                                           \
     } while (0)
 
 int main(void)

@@ -5,30 +5,8 @@
  * `rdtscp` and for clock_gettime(CLOCK_MONOTONIC) for comparison. */
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-#define N 2000000
-#define REPS 7
-
-static double median(double *v)
-{
-    qsort(v, REPS, sizeof *v, cmp);
-    return v[REPS / 2];
-}
+#include "timing.h"
 
 int main(void)
 {

@@ -14,6 +14,16 @@ global_asm!(
     r#"
     .text
 
+    /* Copies rdx bytes (w to 2w) as two runs of `w` bytes, the first and the last, which
+       overlap unless rdx is 2w, and returns. */
+    .macro HEAD_AND_TAIL width, w, first, last
+    mov \first, \width ptr [rsi]
+    mov \last, \width ptr [rsi + rdx - \w]
+    mov \width ptr [rdi], \first
+    mov \width ptr [rdi + rdx - \w], \last
+    ret
+    .endm
+
     /* Up to 32 bytes, a first and a last run that may overlap (every load before any store):
        most copies are that short (a slot's head, a prologue, a jump), and `rep movsb` has a
        start-up cost of tens of cycles, paid tens of thousands of times at start-up. */
@@ -44,17 +54,9 @@ memcpy:
     mov byte ptr [rdi + rdx - 1], r8b
     ret
 .Lmemcpy_4_7:
-    mov ecx, dword ptr [rsi]
-    mov r8d, dword ptr [rsi + rdx - 4]
-    mov dword ptr [rdi], ecx
-    mov dword ptr [rdi + rdx - 4], r8d
-    ret
+    HEAD_AND_TAIL dword, 4, ecx, r8d
 .Lmemcpy_8_15:
-    mov rcx, qword ptr [rsi]
-    mov r8, qword ptr [rsi + rdx - 8]
-    mov qword ptr [rdi], rcx
-    mov qword ptr [rdi + rdx - 8], r8
-    ret
+    HEAD_AND_TAIL qword, 8, rcx, r8
 .Lmemcpy_16_32:
     mov rcx, qword ptr [rsi]
     mov r8, qword ptr [rsi + 8]

@@ -146,6 +146,33 @@ fnscope_tls:
 
     /* In SAVE_ALL's frame, the stack pointer from before SAVE_ALL is rbp + 208. */
 
+    /* rax = the time stamp, rdx = the thread state (clobbers rcx). The state's address is
+       loaded before the time stamp, in rcx (rdtsc sets rax and rdx): its load then runs
+       while the counter is read, off the chain of loads that the next rdtsc waits for. At
+       `site` (listed in fnscope_tls_sites), specialise_tls rewrites the two loads into one. */
+    .macro STATE_AND_TIME site
+\site:
+    mov rcx, qword ptr [rip + fnscope_tls@GOTTPOFF]
+    mov rcx, qword ptr fs:[rcx]
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdx, rcx
+    .endm
+
+    /* Exit stubs, rdx = thread state: rcx = the top shadow entry, which must be this call's
+       (else to `mismatch`), and its return address put back in the stack slot. The entry's
+       words are read at their offsets from the top, so that the top's adjustment stays off
+       the chain that the return (and the next rdtsc) waits for. Clobbers rsi. */
+    .macro PEEK_ENTRY mismatch
+    mov rcx, qword ptr [rdx]
+    mov rsi, qword ptr [rcx - 32]
+    cmp qword ptr [rcx - 8], rsp
+    lea rcx, [rcx - 32]
+    jne \mismatch
+    mov qword ptr [rsp], rsi
+    .endm
+
     /* Entry stub, rdx = thread state, rcx = the entry reserved: closes the entries below it
        whose frames are gone and starts the entry over if there were any. */
     .macro CLOSE_DEAD_ENTRIES retry
@@ -219,16 +246,7 @@ fnscope_entry:
     mov [rsp - 32], rcx
     mov [rsp - 40], r11
 .Lentry_retry:
-    /* The thread state's address before the time stamp, in rcx (rdtsc sets rax and rdx):
-       its load then runs while the counter is read, off the chain of loads that the next
-       rdtsc waits for (see specialise_tls, which also rewrites the two loads into one). */
-.Ltls_entry:
-    mov rcx, qword ptr [rip + fnscope_tls@GOTTPOFF]
-    mov rcx, qword ptr fs:[rcx]
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov rdx, rcx
+    STATE_AND_TIME .Ltls_entry
     test rdx, rdx
     jz .Lentry_init
     mov ecx, 32
@@ -268,24 +286,8 @@ fnscope_exit:
     mov [rsp - 32], rsi
     mov [rsp - 40], r11
 .Lexit_retry:
-    /* The thread state's address before the time stamp, in rcx (rdtsc sets rax and rdx):
-       its load then runs while the counter is read, off the chain of loads that the next
-       rdtsc waits for (see specialise_tls, which also rewrites the two loads into one). */
-.Ltls_exit:
-    mov rcx, qword ptr [rip + fnscope_tls@GOTTPOFF]
-    mov rcx, qword ptr fs:[rcx]
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov rdx, rcx
-    /* The entry's words read at their offsets from the top, so that the top's adjustment
-       stays off the chain that the return address (and the next rdtsc) waits for. */
-    mov rcx, qword ptr [rdx]
-    mov rsi, qword ptr [rcx - 32]
-    cmp qword ptr [rcx - 8], rsp
-    lea rcx, [rcx - 32]
-    jne .Lexit_mismatch
-    mov qword ptr [rsp], rsi
+    STATE_AND_TIME .Ltls_exit
+    PEEK_ENTRY .Lexit_mismatch
     /* --min-duration: a call shorter than the threshold (0 without one) is not recorded. */
     mov rsi, rax
     sub rsi, qword ptr [rcx + 8]
@@ -384,16 +386,7 @@ fnscope_entry_args:
     mov [rsp - 32], rcx
     mov [rsp - 40], r11
 .Lea_retry:
-    /* The thread state's address before the time stamp, in rcx (rdtsc sets rax and rdx):
-       its load then runs while the counter is read, off the chain of loads that the next
-       rdtsc waits for (see specialise_tls, which also rewrites the two loads into one). */
-.Ltls_entry_args:
-    mov rcx, qword ptr [rip + fnscope_tls@GOTTPOFF]
-    mov rcx, qword ptr fs:[rcx]
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov rdx, rcx
+    STATE_AND_TIME .Ltls_entry_args
     test rdx, rdx
     jz .Lea_init
     mov ecx, 32
@@ -450,24 +443,8 @@ fnscope_exit_args:
     mov [rsp - 40], r11
     mov [rsp - 48], rdi
 .Lxa_retry:
-    /* The thread state's address before the time stamp, in rcx (rdtsc sets rax and rdx):
-       its load then runs while the counter is read, off the chain of loads that the next
-       rdtsc waits for (see specialise_tls, which also rewrites the two loads into one). */
-.Ltls_exit_args:
-    mov rcx, qword ptr [rip + fnscope_tls@GOTTPOFF]
-    mov rcx, qword ptr fs:[rcx]
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov rdx, rcx
-    /* The entry's words read at their offsets from the top, so that the top's adjustment
-       stays off the chain that the return address (and the next rdtsc) waits for. */
-    mov rcx, qword ptr [rdx]
-    mov rsi, qword ptr [rcx - 32]
-    cmp qword ptr [rcx - 8], rsp
-    lea rcx, [rcx - 32]
-    jne .Lxa_mismatch
-    mov qword ptr [rsp], rsi
+    STATE_AND_TIME .Ltls_exit_args
+    PEEK_ENTRY .Lxa_mismatch
     mov rsi, rax
     sub rsi, qword ptr [rcx + 8]
     cmp rsi, qword ptr [rip + {min_ticks}]
@@ -849,9 +826,6 @@ extern "C" {
     pub fn fnscope_tls_set(state: *mut crate::thread::ThreadState);
     /// Reads the time-stamp counter.
     pub fn fnscope_rdtsc() -> u64;
-}
-
-extern "C" {
     /// Addresses of the stubs' loads of their thread state's address (see [`specialise_tls`]).
     static fnscope_tls_sites: [u64; 4];
 }
@@ -899,8 +873,8 @@ pub fn specialise_tls() -> Result<(), String> {
             return Err(format!("unexpected code at the TLS load {at:#x}: {code:02x?}"));
         }
     }
-    let lo = sites.iter().min().copied().unwrap_or(0);
-    let hi = sites.iter().max().copied().unwrap_or(0) + TLS_LOAD_GOT.len() as u64;
+    let lo = sites.into_iter().fold(u64::MAX, u64::min);
+    let hi = sites.into_iter().fold(0, u64::max) + TLS_LOAD_GOT.len() as u64;
     use crate::hook::{set_prot, PROT_EXEC, PROT_READ, PROT_WRITE};
     set_prot(lo, (hi - lo) as usize, PROT_READ | PROT_WRITE | PROT_EXEC).map_err(|e| format!("cannot make the stubs writable: {e}"))?;
     for &at in &sites {
