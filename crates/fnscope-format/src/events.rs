@@ -485,6 +485,30 @@ mod tests {
         assert!(v7 * 100 < v6 * 93, "version 7 {v7} bytes, version 6 {v6} bytes for {} records", recs.len());
     }
 
+    /// The unchecked writer makes the bytes of plain LEB128 for values of every length, both
+    /// sides of each length's boundary, back to back.
+    #[test]
+    fn varint_writer_matches_leb128() {
+        let mut values = vec![0u64, 1, u64::MAX];
+        for bits in 1..64 {
+            values.extend([(1u64 << bits) - 1, 1 << bits, (1 << bits) + 1, 0x5555_5555_5555_5555 >> (64 - bits)]);
+        }
+        let mut expected = Vec::new();
+        for &v in &values {
+            put(&mut expected, v);
+        }
+        let mut buf = VarintBuf::default();
+        let mut w = buf.writer(values.len());
+        for &v in &values {
+            w.put(v);
+        }
+        assert_eq!(w.bytes(), &expected[..]);
+        let mut at = 0;
+        for &v in &values {
+            assert_eq!(get_varint(w.bytes(), &mut at), Some(v));
+        }
+    }
+
     #[test]
     fn lossless_for_any_values() {
         round_trip(&[]);
