@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""What the number of distinct functions a program calls costs a traced call (not run by the
+harness: fib calls one function, so its figures leave this out).
+
+Generates programs that call N small functions (64, 1,024, 4,096) once each per round, in
+a fixed order from N call sites, and time their rounds themselves; runs each natively, under
+`fnscope record` and, if it is installed, under `uftrace record -P .`, and prints ns per
+call. Then times mock-ups of the control flow of a call, in assembler, for the same N (no
+time stamps, no records: branches only):
+
+- `plain`: the caller calls the function.
+- `hooked`: as fnscope runs a hooked call. The function's first bytes jump to its slot (in an
+  area of its own), the slot jumps to one shared stub with the address of the relocated
+  prologue in r11, the stub calls it from a single `call r11` site (so that the function
+  returns to the shared exit, predicted by the return stack), the prologue jumps back into
+  the function, and the stub returns.
+- `per-slot`: the same, but the slot calls the shared entry (which returns), then calls the
+  prologue itself and jumps to the shared exit: no indirect call whose target varies, but a
+  call and a return more.
+
+    python3 bench/tools/many_functions.py [--fnscope target/release/fnscope] [--runs 3]
+
+On the Intel Xeon VM of stop 41 (ns a call for 64 / 1,024 / 4,096 functions): native 1.7 /
+1.9 / 2.2, fnscope 20.9 / 30.6 / 41.9, uftrace 114 / 145 / 154 (fnscope 5.5, 4.7, 3.7 times
+cheaper); mock-ups: plain 1.0 / 1.2 / 1.7, hooked 3.5 / 4.1 / 18.7, per-slot 4.5 / 6.6 / 23.1.
+The mock-ups show what rises with the
+number of functions: the branches a hooked call takes, seven taken branches against two
+natively, five of them at addresses of the function's own (its call site, the jump to the
+slot, the slot's jump to the stub, the jump back, its return); once they outgrow the branch
+target buffer each costs the front end a re-steer. The shared indirect call is not the
+cause: its target is predicted from the path that led to it, and calling from the slot costs
+more at every size. The real call rises earlier than the mock-up (at 1,024 functions), which
+leaves out the slots' size and the stub's read of the function's id from its slot. This is
+where real programs' calls lose against fib's (`cc1`: 28 ns a call in the stubs).
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+SIZES = (64, 1024, 4096)
+
+MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+void run(void);
+int main(int argc, char **argv) {
+    long n = atol(argv[1]), reps = atol(argv[2]);
+    for (int r = 0; r < 10; r++) run();
+    double best = 1e30;
+    for (int t = 0; t < 5; t++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (long r = 0; r < reps; r++) run();
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / ((double)reps * n);
+        if (ns < best) best = ns;
+    }
+    printf("%.3f\n", best);
+    return 0;
+}
+"""
+
+
+def program(n):
+    """C source: n functions and a round that calls each once, from its own call site."""
+    lines = ["#include <stdio.h>", "#include <stdlib.h>", "#include <time.h>", "static volatile int sink;"]
+    for k in range(n):
+        lines.append(f"__attribute__((noinline)) void f{k}(void) {{ sink += {k % 7}; }}")
+    lines.append("__attribute__((noinline)) void run(void) {")
+    lines += [f"    f{k}();" for k in range(n)]
+    lines.append("}")
+    return "\n".join(lines) + MAIN.replace("void run(void);", "")
+
+
+def mock(n, design):
+    """Assembler for `run` and n functions (with their slots), with the control flow of
+    `design`."""
+    o = [".intel_syntax noprefix", ".section .note.GNU-stack,\"\",@progbits", ".text", ".globl run", "run:"]
+    o += [f"    call fn{k}" for k in range(n)]
+    o += ["    ret", "shared:", "    call r11", "    ret", "entry:", "    ret", "exit:", "    ret"]
+    for k in range(n):
+        o += [".p2align 4", f"fn{k}:"]
+        o += ["    add rax, 1", "    ret"] if design == "plain" else [f"    jmp slot{k}", f"body{k}:", "    ret"]
+    if design != "plain":
+        o.append(".p2align 12")
+        for k in range(n):
+            o += [".p2align 5", f"slot{k}:"]
+            if design == "hooked":
+                o += [f"    lea r11, [rip + prologue{k}]", "    jmp shared"]
+            else:
+                o += ["    call entry", f"    call prologue{k}", "    jmp exit"]
+            o += [f"prologue{k}:", "    add rax, 1", f"    jmp body{k}"]
+    return "\n".join(o) + "\n"
+
+
+def build(work, name, sources):
+    exe = os.path.join(work, name)
+    paths = []
+    for fname, text in sources:
+        p = os.path.join(work, fname)
+        with open(p, "w") as f:
+            f.write(text)
+        paths.append(p)
+    subprocess.run(["gcc", "-O2", "-o", exe] + paths, check=True)
+    return exe
+
+
+def ns_per_call(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--fnscope", default=os.environ.get("FNSCOPE", os.path.join(here, "..", "..", "target", "release", "fnscope")))
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="fnscope-many-")
+    trace = os.path.join(work, "trace")
+    uftrace = shutil.which("uftrace")
+    print(f"{'functions':>10} {'native ns':>10} {'fnscope ns':>11} {'uftrace ns':>11}")
+    for n in SIZES:
+        exe = build(work, f"many{n}", [(f"many{n}.c", program(n))])
+        args = [str(n), str(max(4_000_000 // n, 1))]
+        native, traced, peer = [], [], []
+        for _ in range(a.runs):
+            native.append(ns_per_call([exe] + args))
+            shutil.rmtree(trace, ignore_errors=True)
+            traced.append(ns_per_call([a.fnscope, "record", "-o", trace, "--", exe] + args))
+            if uftrace:
+                shutil.rmtree(trace, ignore_errors=True)
+                # uftrace takes several times longer a call: a tenth of the rounds.
+                peer.append(ns_per_call([uftrace, "record", "-d", trace, "-P", ".", exe, str(n), str(max(400_000 // n, 1))]))
+        peer_ns = f"{statistics.median(peer):11.2f}" if peer else f"{'-':>11}"
+        print(f"{n:>10} {statistics.median(native):10.2f} {statistics.median(traced):11.2f} {peer_ns}")
+    designs = ("plain", "hooked", "per-slot")
+    print(f"\n{'functions':>10}" + "".join(f" {d + ' ns':>12}" for d in designs) + "   (mock-ups: branches only)")
+    for n in SIZES:
+        row = []
+        for design in designs:
+            exe = build(work, f"mock{n}{design}", [("main.c", MAIN), (f"mock{n}{design}.S", mock(n, design))])
+            row.append(statistics.median(ns_per_call([exe, str(n), str(max(4_000_000 // n, 1))]) for _ in range(a.runs)))
+        print(f"{n:>10}" + "".join(f" {x:12.2f}" for x in row))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
