@@ -14,9 +14,10 @@ Environment:
   UFTRACE=PATH      the uftrace binary (default: uftrace on PATH, installed when missing)
   PYTHON311=PATH    the Python for the `python` workload (default /usr/bin/python3.11)
   BENCH_EXTRA=a,b   the measurements after the rounds, for the targets of issues 8 and 11
-                    (default inprocess,startup,views; `none` for none): inprocess.py (11
-                    rounds), startup.py (BENCH_RUNS rounds, cold cache included) and
-                    views.py (report and replay over fib(38), 126 million calls)
+                    (default inprocess,startup,views,many; `none` for none): inprocess.py (11
+                    rounds), startup.py (BENCH_RUNS rounds, cold cache included),
+                    views.py (report and replay over fib(38), 126 million calls) and
+                    tools/many_functions.py (calls of 64 to 4,096 distinct functions, 3 runs)
 """
 
 import json
@@ -423,7 +424,7 @@ def ensure_uftrace():
     return None
 
 
-EXTRA = ("inprocess", "startup", "views")
+EXTRA = ("inprocess", "startup", "views", "many")
 
 
 def extra_wanted():
@@ -444,12 +445,14 @@ def extra_wanted():
 def run_extra(want, fnscope, uftrace, runs):
     """Runs the measurements `want` names, by the scripts that also run on their own: a dict
     with `inprocess` (costs: one rdtsc, rdtscp and clock_gettime in ns, medians over its
-    rounds; got: ns per call per configuration and round), `startup` (rows of startup.measure) and `views` (calls, rows of
-    views.measure), for those that ran, and `failed` ({name: why}) for those that did not: a
+    rounds; got: ns per call per configuration and round), `startup` (rows of startup.measure), `views` (calls, rows of
+    views.measure) and `many` (many_functions.measure), for those that ran, and `failed` ({name: why}) for those that did not: a
     failure there costs its rows of the last table, not the rounds already measured."""
     import inprocess
     import startup
     import views
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import many_functions
     todo = {
         "inprocess": ("in-process cost per call (inprocess.py, 11 rounds)",
                       lambda: dict(zip(("costs", "got"), inprocess.measure(fnscope, 11, uftrace=uftrace)))),
@@ -457,6 +460,8 @@ def run_extra(want, fnscope, uftrace, runs):
                     lambda: startup.measure([fnscope], runs, True)),
         "views": ("report and replay over fib(38) (views.py)",
                   lambda: views.measure(fnscope, 38, 1, ["report", "replay"])),
+        "many": ("calls of many distinct functions (tools/many_functions.py, 3 runs)",
+                 lambda: many_functions.measure(fnscope, 3, uftrace)),
     }
     out = {"failed": {}}
     for name in want:
@@ -545,6 +550,29 @@ def targets_8_11(p, extra, m, rdtsc):
         p("| issue 11: three integer arguments and the return value recorded, ÷ a plain timed "
           "call | ≤ 1.3× | %.2f× (%s vs %s ns); with --flight %.2f× |" % (
               values / plain, fmt_num(values, "ns"), fmt_num(plain, "ns"), flight / plain))
+
+
+def many_functions_section(p, got):
+    """Prints what tools/many_functions.py measured (`got`, its `measure`), if it ran: the
+    workloads above call few functions, real programs thousands."""
+    if not got:
+        return
+    p("")
+    p("### Calls of many distinct functions (tools/many_functions.py)")
+    p("")
+    p("Programs that call N small functions in turn, timing their own rounds; ns per call, "
+      "medians of 3 runs. The mock-ups run a call's branches only (see the script).")
+    p("")
+    p("| functions | native | fnscope | uftrace -P . | uftrace ÷ fnscope | mock-up: plain | hooked | "
+      "slot calls the function |")
+    p("|--:|--:|--:|--:|--:|--:|--:|--:|")
+    mock = {row[0]: row[1:] for row in got["mockups"]}
+    for n, native, traced, peer in got["programs"]:
+        plain, hooked, per_slot = mock.get(n, (None, None, None))
+        p("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
+            n, fmt_num(native, "ns"), fmt_num(traced, "ns"), fmt_num(peer, "ns"),
+            "—" if not peer or not traced else "%.2f" % (peer / traced),
+            fmt_num(plain, "ns"), fmt_num(hooked, "ns"), fmt_num(per_slot, "ns")))
 
 
 def main():
@@ -885,6 +913,7 @@ def main():
           info.get(("python", "fnscope-time"), {}).get("hooked", "?"),
           info.get(("python", "fnscope-time"), {}).get("skipped", "?")))
     targets_8_11(p, extra, m, rdtsc)
+    many_functions_section(p, extra.get("many"))
     table = "\n".join(lines) + "\n"
     sys.stdout.write(table)
     sys.stdout.flush()

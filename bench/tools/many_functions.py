@@ -20,16 +20,17 @@ time stamps, no records: branches only):
 
     python3 bench/tools/many_functions.py [--fnscope target/release/fnscope] [--runs 3]
 
-On the Intel Xeon VM of stop 41 (ns a call for 64 / 1,024 / 4,096 functions): native 1.7 /
-1.9 / 2.2, fnscope 20.9 / 30.6 / 41.9, uftrace 114 / 145 / 154 (fnscope 5.5, 4.7, 3.7 times
-cheaper); mock-ups: plain 1.0 / 1.2 / 1.7, hooked 3.5 / 4.1 / 18.7, per-slot 4.5 / 6.6 / 23.1.
-The mock-ups show what rises with the
-number of functions: the branches a hooked call takes, seven taken branches against two
+On the Intel Xeon VM of stop 41 (ns a call for 64 / 1,024 / 4,096 functions, medians of 3
+runs, over several runs of the script): native 1.7 / 1.9 / 2.2, fnscope 20.9 / 30.6 / 41.9,
+uftrace 114 / 145 / 154 (fnscope 5.5, 4.7 and 3.7 times cheaper); mock-ups: plain 0.9 / 1.1 /
+1.5, hooked 3.2-3.5 / 3.7-6.8 / 17-19, per-slot 4.2-4.5 / 6.1-6.6 / 22-23. The mock-ups show
+what rises with the number of functions: the branches a hooked call takes, seven taken branches against two
 natively, five of them at addresses of the function's own (its call site, the jump to the
 slot, the slot's jump to the stub, the jump back, its return); once they outgrow the branch
 target buffer each costs the front end a re-steer. The shared indirect call is not the
 cause: its target is predicted from the path that led to it, and calling from the slot costs
-more at every size. The real call rises earlier than the mock-up (at 1,024 functions), which
+more at 64 and 4,096 functions and no less at 1,024 (where the hooked mock-up varies most
+from run to run). The real call rises earlier than the mock-up (at 1,024 functions), which
 leaves out the slots' size and the stub's read of the function's id from its slot. This is
 where real programs' calls lose against fib's (`cc1`: 28 ns a call in the stubs).
 """
@@ -115,39 +116,57 @@ def ns_per_call(cmd):
     return float(out.strip().splitlines()[-1])
 
 
+DESIGNS = ("plain", "hooked", "per-slot")
+
+
+def measure(fnscope, runs, uftrace=None):
+    """Times the programs and the mock-ups, `runs` times each, interleaved per size.
+
+    Returns {"programs": [(n, native, fnscope, uftrace or None)], "mockups": [(n, plain,
+    hooked, per-slot)]}, ns per call, medians. bench/run.sh calls it (BENCH_EXTRA `many`)."""
+    work = tempfile.mkdtemp(prefix="fnscope-many-")
+    trace = os.path.join(work, "trace")
+    out = {"programs": [], "mockups": []}
+    try:
+        for n in SIZES:
+            exe = build(work, f"many{n}", [(f"many{n}.c", program(n))])
+            args = [str(n), str(max(4_000_000 // n, 1))]
+            native, traced, peer = [], [], []
+            for _ in range(runs):
+                native.append(ns_per_call([exe] + args))
+                shutil.rmtree(trace, ignore_errors=True)
+                traced.append(ns_per_call([fnscope, "record", "-o", trace, "--", exe] + args))
+                if uftrace:
+                    shutil.rmtree(trace, ignore_errors=True)
+                    # uftrace takes several times longer a call: a tenth of the rounds.
+                    peer.append(ns_per_call([uftrace, "record", "-d", trace, "-P", ".", exe, str(n), str(max(400_000 // n, 1))]))
+            out["programs"].append((n, statistics.median(native), statistics.median(traced), statistics.median(peer) if peer else None))
+        for n in SIZES:
+            exes = [build(work, f"mock{n}{d}", [("main.c", MAIN), (f"mock{n}{d}.S", mock(n, d))]) for d in DESIGNS]
+            times = [[] for _ in DESIGNS]
+            for _ in range(runs):
+                for k, exe in enumerate(exes):
+                    times[k].append(ns_per_call([exe, str(n), str(max(4_000_000 // n, 1))]))
+            out["mockups"].append((n,) + tuple(statistics.median(t) for t in times))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--fnscope", default=os.environ.get("FNSCOPE", os.path.join(here, "..", "..", "target", "release", "fnscope")))
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="fnscope-many-")
-    trace = os.path.join(work, "trace")
-    uftrace = shutil.which("uftrace")
+    got = measure(a.fnscope, a.runs, shutil.which("uftrace"))
     print(f"{'functions':>10} {'native ns':>10} {'fnscope ns':>11} {'uftrace ns':>11}")
-    for n in SIZES:
-        exe = build(work, f"many{n}", [(f"many{n}.c", program(n))])
-        args = [str(n), str(max(4_000_000 // n, 1))]
-        native, traced, peer = [], [], []
-        for _ in range(a.runs):
-            native.append(ns_per_call([exe] + args))
-            shutil.rmtree(trace, ignore_errors=True)
-            traced.append(ns_per_call([a.fnscope, "record", "-o", trace, "--", exe] + args))
-            if uftrace:
-                shutil.rmtree(trace, ignore_errors=True)
-                # uftrace takes several times longer a call: a tenth of the rounds.
-                peer.append(ns_per_call([uftrace, "record", "-d", trace, "-P", ".", exe, str(n), str(max(400_000 // n, 1))]))
-        peer_ns = f"{statistics.median(peer):11.2f}" if peer else f"{'-':>11}"
-        print(f"{n:>10} {statistics.median(native):10.2f} {statistics.median(traced):11.2f} {peer_ns}")
-    designs = ("plain", "hooked", "per-slot")
-    print(f"\n{'functions':>10}" + "".join(f" {d + ' ns':>12}" for d in designs) + "   (mock-ups: branches only)")
-    for n in SIZES:
-        row = []
-        for design in designs:
-            exe = build(work, f"mock{n}{design}", [("main.c", MAIN), (f"mock{n}{design}.S", mock(n, design))])
-            row.append(statistics.median(ns_per_call([exe, str(n), str(max(4_000_000 // n, 1))]) for _ in range(a.runs)))
-        print(f"{n:>10}" + "".join(f" {x:12.2f}" for x in row))
-    shutil.rmtree(work, ignore_errors=True)
+    for n, native, traced, peer in got["programs"]:
+        peer_ns = f"{peer:11.2f}" if peer is not None else f"{'-':>11}"
+        print(f"{n:>10} {native:10.2f} {traced:11.2f} {peer_ns}")
+    print(f"\n{'functions':>10}" + "".join(f" {d + ' ns':>12}" for d in DESIGNS) + "   (mock-ups: branches only)")
+    for row in got["mockups"]:
+        print(f"{row[0]:>10}" + "".join(f" {x:12.2f}" for x in row[1:]))
 
 
 if __name__ == "__main__":
