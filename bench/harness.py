@@ -564,15 +564,15 @@ def many_functions_section(p, got):
       "medians of 3 runs. The mock-ups run a call's branches only (see the script).")
     p("")
     p("| functions | native | fnscope | uftrace -P . | uftrace ÷ fnscope | mock-up: plain | hooked | "
-      "slot calls the function |")
-    p("|--:|--:|--:|--:|--:|--:|--:|--:|")
+      "direct jump to the stub | slot calls the function |")
+    p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     mock = {row[0]: row[1:] for row in got["mockups"]}
     for n, native, traced, peer in got["programs"]:
-        plain, hooked, per_slot = mock.get(n, (None, None, None))
-        p("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
+        designs = mock.get(n, (None,) * 4)
+        p("| %d | %s | %s | %s | %s | %s |" % (
             n, fmt_num(native, "ns"), fmt_num(traced, "ns"), fmt_num(peer, "ns"),
             "—" if not peer or not traced else "%.2f" % (peer / traced),
-            fmt_num(plain, "ns"), fmt_num(hooked, "ns"), fmt_num(per_slot, "ns")))
+            " | ".join(fmt_num(x, "ns") for x in designs)))
 
 
 def main():

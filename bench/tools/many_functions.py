@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What the number of distinct functions a program calls costs a traced call (not run by the
-harness: fib calls one function, so its figures leave this out).
+"""What the number of distinct functions a program calls costs a traced call (fib calls one
+function, so the workloads' figures leave this out; bench/run.sh ends with this script's table).
 
 Generates programs that call N small functions (64, 1,024, 4,096) once each per round, in
 a fixed order from N call sites, and time their rounds themselves; runs each natively, under
@@ -10,29 +10,31 @@ time stamps, no records: branches only):
 
 - `plain`: the caller calls the function.
 - `hooked`: as fnscope runs a hooked call. The function's first bytes jump to its slot (in an
-  area of its own), the slot jumps to one shared stub with the address of the relocated
-  prologue in r11, the stub calls it from a single `call r11` site (so that the function
-  returns to the shared exit, predicted by the return stack), the prologue jumps back into
-  the function, and the stub returns.
-- `per-slot`: the same, but the slot calls the shared entry (which returns), then calls the
+  area of its own), the slot loads the address of its relocated prologue into r11 and jumps
+  to the one shared stub through a pointer (`jmp [rip + x]`: the stub lies in the agent's
+  library, out of a direct jump's reach), the stub calls the prologue from a single `call r11`
+  site (so that the function returns to the shared exit, predicted by the return stack), the
+  prologue jumps back into the function, and the stub returns.
+- `direct`: the same with a direct jump from the slot to the stub, as if the stub lay within
+  2 GiB of the slots.
+- `per-slot`: `direct`, but the slot calls the shared entry (which returns), then calls the
   prologue itself and jumps to the shared exit: no indirect call whose target varies, but a
   call and a return more.
 
     python3 bench/tools/many_functions.py [--fnscope target/release/fnscope] [--runs 3]
 
 On the Intel Xeon VM of stop 41 (ns a call for 64 / 1,024 / 4,096 functions, medians of 3
-runs, over several runs of the script): native 1.7 / 1.9 / 2.2, fnscope 20.9 / 30.6 / 41.9,
-uftrace 114 / 145 / 154 (fnscope 5.5, 4.7 and 3.7 times cheaper); mock-ups: plain 0.9 / 1.1 /
-1.5, hooked 3.2-3.5 / 3.7-6.8 / 17-19, per-slot 4.2-4.5 / 6.1-6.6 / 22-23. The mock-ups show
-what rises with the number of functions: the branches a hooked call takes, seven taken branches against two
-natively, five of them at addresses of the function's own (its call site, the jump to the
-slot, the slot's jump to the stub, the jump back, its return); once they outgrow the branch
-target buffer each costs the front end a re-steer. The shared indirect call is not the
-cause: its target is predicted from the path that led to it, and calling from the slot costs
-more at 64 and 4,096 functions and no less at 1,024 (where the hooked mock-up varies most
-from run to run). The real call rises earlier than the mock-up (at 1,024 functions), which
-leaves out the slots' size and the stub's read of the function's id from its slot. This is
-where real programs' calls lose against fib's (`cc1`: 28 ns a call in the stubs).
+runs): native 1.7 / 1.9 / 2.2, fnscope 20.9 / 30.6 / 41.9, uftrace 114 / 145 / 154 (fnscope
+5.5, 4.7 and 3.7 times cheaper). What grows with the number of functions is the branches a
+hooked call takes: seven taken branches against two natively, five of them at addresses of
+the function's own (its call site, the jump to the slot, the slot's jump to the stub, the jump
+back, its return), which outgrow the branch predictors. In the mock-ups (see the table run.sh
+prints) the slots' jumps to the stub through a pointer cost most: about 3 ns a call more than
+direct jumps at 1,024 functions (in most runs: that size flips between two figures), 4 ns at
+4,096, nothing at 64. The shared indirect call is not
+the cause: its target is predicted from the path that led to it, and calling from the slot
+costs more. This is where real programs' calls lose against fib's (`cc1`: 28 ns a call in the
+stubs).
 """
 
 import argparse
@@ -92,10 +94,13 @@ def mock(n, design):
         for k in range(n):
             o += [".p2align 5", f"slot{k}:"]
             if design == "hooked":
+                o += [f"    lea r11, [rip + prologue{k}]", "    jmp qword ptr [rip + shared_at]"]
+            elif design == "direct":
                 o += [f"    lea r11, [rip + prologue{k}]", "    jmp shared"]
             else:
                 o += ["    call entry", f"    call prologue{k}", "    jmp exit"]
             o += [f"prologue{k}:", "    add rax, 1", f"    jmp body{k}"]
+    o += [".data", "shared_at:", "    .quad shared"]
     return "\n".join(o) + "\n"
 
 
@@ -116,14 +121,14 @@ def ns_per_call(cmd):
     return float(out.strip().splitlines()[-1])
 
 
-DESIGNS = ("plain", "hooked", "per-slot")
+DESIGNS = ("plain", "hooked", "direct", "per-slot")
 
 
 def measure(fnscope, runs, uftrace=None):
     """Times the programs and the mock-ups, `runs` times each, interleaved per size.
 
-    Returns {"programs": [(n, native, fnscope, uftrace or None)], "mockups": [(n, plain,
-    hooked, per-slot)]}, ns per call, medians. bench/run.sh calls it (BENCH_EXTRA `many`)."""
+    Returns {"programs": [(n, native, fnscope, uftrace or None)], "mockups": [(n, and a
+    figure per design of DESIGNS)]}, ns per call, medians. bench/run.sh calls it (BENCH_EXTRA `many`)."""
     work = tempfile.mkdtemp(prefix="fnscope-many-")
     trace = os.path.join(work, "trace")
     out = {"programs": [], "mockups": []}
