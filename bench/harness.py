@@ -563,14 +563,15 @@ def many_functions_section(p, got):
     p("Programs that call N small functions in turn, timing their own rounds; ns per call, "
       "medians of 3 runs. The mock-ups run a call's branches only (see the script).")
     p("")
-    p("| functions | native | fnscope | uftrace -P . | uftrace ÷ fnscope | mock-up: plain | hooked | "
-      "direct jump to the stub | slot calls the function |")
-    p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    p("| functions | native | fnscope | fnscope, functions in a library (`--lib`) | uftrace -P . | "
+      "uftrace ÷ fnscope | mock-up: plain | hooked | direct jump to the stub | slot calls the "
+      "function |")
+    p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     mock = {row[0]: row[1:] for row in got["mockups"]}
-    for n, native, traced, peer in got["programs"]:
+    for n, native, traced, in_lib, peer in got["programs"]:
         designs = mock.get(n, (None,) * 4)
-        p("| %d | %s | %s | %s | %s | %s |" % (
-            n, fmt_num(native, "ns"), fmt_num(traced, "ns"), fmt_num(peer, "ns"),
+        p("| %d | %s | %s | %s | %s | %s | %s |" % (
+            n, fmt_num(native, "ns"), fmt_num(traced, "ns"), fmt_num(in_lib, "ns"), fmt_num(peer, "ns"),
             "—" if not peer or not traced else "%.2f" % (peer / traced),
             " | ".join(fmt_num(x, "ns") for x in designs)))
 

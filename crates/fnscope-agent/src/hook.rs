@@ -698,17 +698,27 @@ impl SlotKind {
     }
 }
 
-/// Head of a tracing (or pre-hook) slot: see [`crate::stubs`].
-pub(crate) fn trace_head(slot: u64, area: u64, id: u32) -> [u8; SLOT_CODE_OFFSET] {
+/// Head of a tracing (or pre-hook) slot at `slot`: see [`crate::stubs`]. It goes on to
+/// `stub`, whose address the word at `header` in the area's header holds.
+pub(crate) fn trace_head(slot: u64, header: u64, stub: u64, id: u32) -> [u8; SLOT_CODE_OFFSET] {
     let mut head = [0xccu8; SLOT_CODE_OFFSET];
     // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
     head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
     // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
     head[5..8].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
     head[8..12].copy_from_slice(&((SLOT_CODE_OFFSET as i32) - 12).to_le_bytes());
-    // jmp qword ptr [rip + disp32] to the area header's stub address.
-    head[12..14].copy_from_slice(&[0xff, 0x25]);
-    head[14..18].copy_from_slice(&((area as i64 - (slot as i64 + 18)) as i32).to_le_bytes());
+    match fnscope_x86::jmp_rel32(slot + 12, stub) {
+        // A direct jump where the stub lies within reach (the agent's library near a hooked
+        // library): a jump through a pointer from each of thousands of slots costs 3-4 ns a
+        // call more once the program calls a thousand functions or more
+        // (bench/tools/many_functions.py).
+        Some(jmp) => head[12..12 + jmp.len()].copy_from_slice(&jmp),
+        None => {
+            // jmp qword ptr [rip + disp32] to the area header's stub address.
+            head[12..14].copy_from_slice(&[0xff, 0x25]);
+            head[14..18].copy_from_slice(&((header as i64 - (slot as i64 + 18)) as i32).to_le_bytes());
+        }
+    }
     head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4].copy_from_slice(&id.to_le_bytes());
     head
 }
@@ -890,17 +900,17 @@ fn build_slots(
             // Functions with values to record or injections have a stub of their own.
             SlotKind::Trace => {
                 let desc = if descs.is_empty() { None } else { descs.remove(&p.index) };
-                let (header, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
+                let (header, stub, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
                     Some((line, unit)) => {
                         args_lines.push_str(&line);
-                        (area.base + 16, unit)
+                        (area.base + 16, stubs::fnscope_entry_args as *const () as u64, unit)
                     }
-                    None => (area.base, 0),
+                    None => (area.base, target, 0),
                 };
-                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, header, id));
+                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, header, stub, id));
                 mem[SLOT_UNIT_OFFSET..SLOT_ID_OFFSET].copy_from_slice(&unit.to_le_bytes());
             }
-            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, id)),
+            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, target, id)),
             SlotKind::Count => mem[..COUNT_CODE_OFFSET].copy_from_slice(&count_head(slot, area.base, id)),
         }
         patches.extend(jumps[before..].iter().map(|&jump| Patch { jump, id, after }));
@@ -1210,7 +1220,37 @@ pub fn never_hook(path: &Path, obj: &Loaded) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::called_by_v8_generated_code;
+    use super::{called_by_v8_generated_code, trace_head};
+    use crate::stubs::{SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
+
+    /// A slot's head decodes to its three instructions: the r11 spill, the address of the
+    /// relocated prologue, and a jump to the stub, direct where the stub is within reach of a
+    /// 32-bit displacement, else through the area header's word; the id follows.
+    #[test]
+    fn slot_heads_jump_to_their_stub() {
+        let slot = 0x7f00_0000_1040u64;
+        let header = 0x7f00_0000_1000u64;
+        let decode = |head: &[u8]| -> Vec<Instruction> {
+            let mut d = Decoder::with_ip(64, &head[..18], slot, DecoderOptions::NONE);
+            (0..3).map(|_| d.decode()).collect()
+        };
+        for (stub, direct) in [(0x7f00_4000_0000u64, true), (slot - 0x7000_0000, true), (0x5555_0000_0000, false), (slot + (1 << 32), false)] {
+            let head = trace_head(slot, header, stub, 0x0102_0304);
+            let i = decode(&head);
+            assert_eq!((i[0].code(), i[0].memory_base(), i[0].memory_displacement64() as i64, i[0].op1_register()), (Code::Mov_rm64_r64, Register::RSP, -8, Register::R11));
+            assert_eq!((i[1].code(), i[1].op0_register()), (Code::Lea_r64_m, Register::R11));
+            assert_eq!(i[1].memory_displacement64(), slot + SLOT_CODE_OFFSET as u64);
+            if direct {
+                assert_eq!(i[2].code(), Code::Jmp_rel32_64, "stub {stub:#x}");
+                assert_eq!(i[2].near_branch_target(), stub);
+            } else {
+                assert_eq!((i[2].code(), i[2].memory_base()), (Code::Jmp_rm64, Register::RIP), "stub {stub:#x}");
+                assert_eq!(i[2].memory_displacement64(), header);
+            }
+            assert_eq!(head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4], 0x0102_0304u32.to_le_bytes());
+        }
+    }
 
     #[test]
     fn v8_callees_are_found_in_mangled_symbols() {
