@@ -117,7 +117,40 @@ pub(crate) struct Area {
     pub(crate) len: usize,
 }
 
+/// Bytes of an area's header ([`write_area_header`]); slots follow.
 pub(crate) const AREA_HEADER: usize = 64;
+/// Offset in an area's header of the jump to its stub (word 0), and of the jump to
+/// `fnscope_entry_args` (word 16).
+const THUNK_STUB: u64 = 32;
+const THUNK_ARGS: u64 = 48;
+
+/// Writes an area's header at `base`: the address of `stub` (word 0, where count slots'
+/// first calls and the thunk below jump through), the agent's TLS offset (word 8, read by
+/// count slots), the address of `fnscope_entry_args` (word 16), and two thunks, `jmp [rip +
+/// word]` to each stub (at [`THUNK_STUB`] and [`THUNK_ARGS`]). A slot whose stub lies out of
+/// a direct jump's reach (every slot of a main executable: the agent's library is terabytes
+/// away) in an area of more than [`THUNK_FROM`] slots jumps directly to a thunk instead of
+/// through the word itself, so that one indirect jump serves the whole area: a jump through a
+/// pointer in each of thousands of slots cost 5.7-7 ns a call once a program calls a thousand
+/// functions or more (`bench/tools/many_functions.py`).
+///
+/// # Safety
+/// `base` is the start of a writable mapping of at least [`AREA_HEADER`] bytes that nothing
+/// runs yet.
+pub(crate) unsafe fn write_area_header(base: u64, stub: u64) {
+    let mut h = [0xccu8; AREA_HEADER];
+    h[0..8].copy_from_slice(&stub.to_le_bytes());
+    h[8..16].copy_from_slice(&stubs::fnscope_tls_offset().to_le_bytes());
+    h[16..24].copy_from_slice(&(stubs::fnscope_entry_args as *const () as u64).to_le_bytes());
+    for (at, word) in [(THUNK_STUB, 0u64), (THUNK_ARGS, 16)] {
+        let at = at as usize;
+        // jmp qword ptr [rip + disp32]: FF /4 with ModRM 00 100 101.
+        h[at..at + 2].copy_from_slice(&[0xff, 0x25]);
+        h[at + 2..at + 6].copy_from_slice(&((word as i64 - (at as i64 + 6)) as i32).to_le_bytes());
+    }
+    // SAFETY: per the caller's guarantee, AREA_HEADER writable bytes at `base`.
+    unsafe { core::ptr::copy_nonoverlapping(h.as_ptr(), base as *mut u8, AREA_HEADER) };
+}
 
 pub(crate) fn round_up(x: usize, a: usize) -> usize {
     (x + a - 1) & !(a - 1)
@@ -698,30 +731,37 @@ impl SlotKind {
     }
 }
 
-/// Head of a tracing (or pre-hook) slot at `slot`: see [`crate::stubs`]. It goes on to
-/// `stub`, whose address the word at `header` in the area's header holds.
-pub(crate) fn trace_head(slot: u64, header: u64, stub: u64, id: u32) -> [u8; SLOT_CODE_OFFSET] {
+/// Head of a tracing (or pre-hook) slot at `slot`, in the area at `area` ([`write_area_header`]):
+/// see [`crate::stubs`]. It jumps to `stub` (`fnscope_entry_args` when `args`) directly where
+/// the stub lies within reach (the agent's library near a hooked library); else, with
+/// `via_thunk`, directly to the area's thunk for that stub, or without, through the header's
+/// word itself (one taken branch fewer, for areas of few slots: see [`THUNK_FROM`]).
+pub(crate) fn trace_head(slot: u64, area: u64, stub: u64, args: bool, via_thunk: bool, id: u32) -> [u8; SLOT_CODE_OFFSET] {
     let mut head = [0xccu8; SLOT_CODE_OFFSET];
     // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
     head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
     // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
     head[5..8].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
     head[8..12].copy_from_slice(&((SLOT_CODE_OFFSET as i32) - 12).to_le_bytes());
-    match fnscope_x86::jmp_rel32(slot + 12, stub) {
-        // A direct jump where the stub lies within reach (the agent's library near a hooked
-        // library): a jump through a pointer from each of thousands of slots costs 3-4 ns a
-        // call more once the program calls a thousand functions or more
-        // (bench/tools/many_functions.py).
+    // The header lies in the slot's own area, always within reach.
+    let thunk = area + if args { THUNK_ARGS } else { THUNK_STUB };
+    match fnscope_x86::jmp_rel32(slot + 12, stub).or_else(|| via_thunk.then(|| fnscope_x86::jmp_rel32(slot + 12, thunk)).flatten()) {
         Some(jmp) => head[12..12 + jmp.len()].copy_from_slice(&jmp),
         None => {
-            // jmp qword ptr [rip + disp32] to the area header's stub address.
+            // jmp qword ptr [rip + disp32] to the header's word for the stub.
+            let word = area + if args { 16 } else { 0 };
             head[12..14].copy_from_slice(&[0xff, 0x25]);
-            head[14..18].copy_from_slice(&((header as i64 - (slot as i64 + 18)) as i32).to_le_bytes());
+            head[14..18].copy_from_slice(&((word as i64 - (slot as i64 + 18)) as i32).to_le_bytes());
         }
     }
     head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4].copy_from_slice(&id.to_le_bytes());
     head
 }
+
+/// Areas of more slots than this jump to out-of-reach stubs through the header's thunks
+/// ([`write_area_header`]); smaller ones through the header's words, a taken branch fewer
+/// (fib's two functions: 0.2-0.4 ns a call less, within the noise of the in-process bench).
+const THUNK_FROM: usize = 64;
 
 /// Bytes before a count slot's entry: the first-call tail.
 pub(crate) const COUNT_TAIL: usize = 16;
@@ -795,13 +835,11 @@ fn build_slots(
         SlotKind::Prehook => stubs::fnscope_prehook as *const () as u64,
         SlotKind::Count => stubs::fnscope_count_init as *const () as u64,
     };
-    // SAFETY: the area is a fresh read-write mapping of `area.len` bytes; every write below
-    // stays inside it (slot offsets are summed from the same lengths that sized it).
-    unsafe {
-        *(area.base as *mut u64) = target;
-        *((area.base + 8) as *mut u64) = stubs::fnscope_tls_offset();
-        *((area.base + 16) as *mut u64) = stubs::fnscope_entry_args as *const () as u64;
-    }
+    // SAFETY: the area is a fresh read-write mapping of `area.len` bytes, at least the header's
+    // (`total` counts it); every write below stays inside it (slot offsets are summed from the
+    // same lengths that sized it).
+    unsafe { write_area_header(area.base, target) };
+    let via_thunk = plans.len() > THUNK_FROM;
     let mut args_lines = String::new();
     let mut patches = Vec::with_capacity(plans.len());
     // The jumps of every slot, in the order built (see `patches_into`).
@@ -900,17 +938,17 @@ fn build_slots(
             // Functions with values to record or injections have a stub of their own.
             SlotKind::Trace => {
                 let desc = if descs.is_empty() { None } else { descs.remove(&p.index) };
-                let (header, stub, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
+                let (args, stub, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
                     Some((line, unit)) => {
                         args_lines.push_str(&line);
-                        (area.base + 16, stubs::fnscope_entry_args as *const () as u64, unit)
+                        (true, stubs::fnscope_entry_args as *const () as u64, unit)
                     }
-                    None => (area.base, target, 0),
+                    None => (false, target, 0),
                 };
-                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, header, stub, id));
+                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, stub, args, via_thunk, id));
                 mem[SLOT_UNIT_OFFSET..SLOT_ID_OFFSET].copy_from_slice(&unit.to_le_bytes());
             }
-            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, target, id)),
+            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, target, false, via_thunk, id)),
             SlotKind::Count => mem[..COUNT_CODE_OFFSET].copy_from_slice(&count_head(slot, area.base, id)),
         }
         patches.extend(jumps[before..].iter().map(|&jump| Patch { jump, id, after }));
@@ -1220,35 +1258,60 @@ pub fn never_hook(path: &Path, obj: &Loaded) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{called_by_v8_generated_code, trace_head};
+    use super::{called_by_v8_generated_code, trace_head, AREA_HEADER, THUNK_ARGS, THUNK_STUB};
     use crate::stubs::{SLOT_CODE_OFFSET, SLOT_ID_OFFSET};
     use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
 
     /// A slot's head decodes to its three instructions: the r11 spill, the address of the
-    /// relocated prologue, and a jump to the stub, direct where the stub is within reach of a
-    /// 32-bit displacement, else through the area header's word; the id follows.
+    /// relocated prologue, and a jump: directly to the stub where it lies within reach of a
+    /// 32-bit displacement, else directly to the area header's thunk for that stub, or (for
+    /// small areas) through the header's word for it; the id follows. The header's thunks
+    /// jump through those words.
     #[test]
     fn slot_heads_jump_to_their_stub() {
-        let slot = 0x7f00_0000_1040u64;
-        let header = 0x7f00_0000_1000u64;
-        let decode = |head: &[u8]| -> Vec<Instruction> {
-            let mut d = Decoder::with_ip(64, &head[..18], slot, DecoderOptions::NONE);
-            (0..3).map(|_| d.decode()).collect()
+        let area = 0x7f00_0000_1000u64;
+        let slot = area + AREA_HEADER as u64 + 0x40;
+        let decode = |code: &[u8], ip: u64, n: usize| -> Vec<Instruction> {
+            let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+            (0..n).map(|_| d.decode()).collect()
         };
-        for (stub, direct) in [(0x7f00_4000_0000u64, true), (slot - 0x7000_0000, true), (0x5555_0000_0000, false), (slot + (1 << 32), false)] {
-            let head = trace_head(slot, header, stub, 0x0102_0304);
-            let i = decode(&head);
-            assert_eq!((i[0].code(), i[0].memory_base(), i[0].memory_displacement64() as i64, i[0].op1_register()), (Code::Mov_rm64_r64, Register::RSP, -8, Register::R11));
-            assert_eq!((i[1].code(), i[1].op0_register()), (Code::Lea_r64_m, Register::R11));
-            assert_eq!(i[1].memory_displacement64(), slot + SLOT_CODE_OFFSET as u64);
-            if direct {
-                assert_eq!(i[2].code(), Code::Jmp_rel32_64, "stub {stub:#x}");
-                assert_eq!(i[2].near_branch_target(), stub);
-            } else {
-                assert_eq!((i[2].code(), i[2].memory_base()), (Code::Jmp_rm64, Register::RIP), "stub {stub:#x}");
-                assert_eq!(i[2].memory_displacement64(), header);
+        for (stub, args, direct) in [
+            (0x7f00_4000_0000u64, false, true),
+            (slot - 0x7000_0000, true, true),
+            (0x5555_0000_0000, false, false),
+            (slot + (1 << 32), true, false),
+        ] {
+            for via_thunk in [false, true] {
+                let head = trace_head(slot, area, stub, args, via_thunk, 0x0102_0304);
+                let i = decode(&head[..18], slot, 3);
+                assert_eq!((i[0].code(), i[0].memory_base(), i[0].memory_displacement64() as i64, i[0].op1_register()), (Code::Mov_rm64_r64, Register::RSP, -8, Register::R11));
+                assert_eq!((i[1].code(), i[1].op0_register()), (Code::Lea_r64_m, Register::R11));
+                assert_eq!(i[1].memory_displacement64(), slot + SLOT_CODE_OFFSET as u64);
+                let case = format!("stub {stub:#x}, via_thunk {via_thunk}");
+                if direct || via_thunk {
+                    assert_eq!(i[2].code(), Code::Jmp_rel32_64, "{case}");
+                    let thunk = area + if args { THUNK_ARGS } else { THUNK_STUB };
+                    assert_eq!(i[2].near_branch_target(), if direct { stub } else { thunk }, "{case}");
+                } else {
+                    assert_eq!((i[2].code(), i[2].memory_base()), (Code::Jmp_rm64, Register::RIP), "{case}");
+                    assert_eq!(i[2].memory_displacement64(), area + if args { 16 } else { 0 }, "{case}");
+                }
+                assert_eq!(head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4], 0x0102_0304u32.to_le_bytes());
             }
-            assert_eq!(head[SLOT_ID_OFFSET..SLOT_ID_OFFSET + 4], 0x0102_0304u32.to_le_bytes());
+        }
+        let mut header = [0u64; AREA_HEADER / 8];
+        let base = header.as_mut_ptr() as u64;
+        let stub = 0x1234_5678_9abc;
+        // SAFETY: `header` is AREA_HEADER writable bytes that nothing runs.
+        unsafe { super::write_area_header(base, stub) };
+        assert_eq!(header[0], stub);
+        assert_eq!(header[2], crate::stubs::fnscope_entry_args as *const () as u64);
+        // SAFETY: the bytes of `header`, read after the writes above.
+        let bytes = unsafe { core::slice::from_raw_parts(base as *const u8, AREA_HEADER) };
+        for (at, word) in [(THUNK_STUB, 0u64), (THUNK_ARGS, 16)] {
+            let j = decode(&bytes[at as usize..], base + at, 1);
+            assert_eq!((j[0].code(), j[0].memory_base()), (Code::Jmp_rm64, Register::RIP));
+            assert_eq!(j[0].memory_displacement64(), base + word);
         }
     }
 

@@ -321,7 +321,8 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     };
     let head: &[u8] = match kind {
         SlotKind::Count => &hook::count_head(slot, area_base, id),
-        _ => &hook::trace_head(slot, area_base, target, id),
+        // JIT-compiled methods come by the thousand: through the area's thunk.
+        _ => &hook::trace_head(slot, area_base, target, false, true, id),
     };
     // SAFETY: `take_slot` reserved `slot_len` bytes at `slot` in a read-write-execute area of
     // ours that no jump leads into yet; the head and the relocated prologue fit (`slot_len`
@@ -389,11 +390,8 @@ fn take_slot(st: &mut State, lo: u64, hi: u64, len: usize, target: u64) -> Resul
         return Ok((slot, a.base));
     }
     let area = hook::alloc_near(lo, hi, AREA_LEN).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
-    // SAFETY: a fresh read-write mapping of AREA_LEN bytes; the header is its first 16.
-    unsafe {
-        *(area.base as *mut u64) = target;
-        *((area.base + 8) as *mut u64) = stubs::fnscope_tls_offset();
-    }
+    // SAFETY: a fresh read-write mapping of AREA_LEN bytes, more than the header's.
+    unsafe { hook::write_area_header(area.base, target) };
     // Slots are added while other threads run the area's earlier ones, so it stays
     // executable (and writable) throughout instead of changing protection per method.
     hook::set_prot(area.base, area.len, PROT_READ | PROT_WRITE | PROT_EXEC).map_err(|e| format!("cannot make the trampolines executable: {e}"))?;

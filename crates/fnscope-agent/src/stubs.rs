@@ -5,8 +5,9 @@
 //! ```text
 //! slot+0   mov [rsp-8], r11              ; the program's r11 (GCC's -fipa-ra may keep it live)
 //! slot+5   lea r11, [rip + slot+24]      ; address of the relocated original prologue
-//! slot+12  jmp qword ptr [rip + entry]   ; absolute address of the stub, in the area's header
-//!                                        ; (jmp rel32 where the stub is within reach)
+//! slot+12  jmp rel32 stub                ; where the stub lies out of reach: jmp rel32 to
+//!                                        ; the area header's thunk, jmp [rip + entry] (in an
+//!                                        ; area of few slots, that jump itself)
 //! slot+18  u16 args bits                ; slots of fnscope_entry_args only (args::slot_unit)
 //! slot+20  u32 function id
 //! slot+24  relocated prologue, then jmp back into the function
