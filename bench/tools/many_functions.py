@@ -88,19 +88,11 @@ def functions(n):
 def build_lib(work, n):
     """The program with its functions in a shared library of their own (`libmanyN.so`,
     traced with `--lib`): the agent's library then usually lies within a direct jump of the
-    slots."""
-    lib = os.path.join(work, f"libmany{n}.so")
-    src = os.path.join(work, f"libmany{n}.c")
-    with open(src, "w") as f:
-        f.write(functions(n))
+    slots. Returns the program and the library's file name."""
     # Calls inside the library go straight to their function, as in the program, not through
     # its PLT.
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-fno-semantic-interposition", "-o", lib, src], check=True)
-    main = os.path.join(work, "main.c")
-    with open(main, "w") as f:
-        f.write(MAIN)
-    exe = os.path.join(work, f"manylib{n}")
-    subprocess.run(["gcc", "-O2", "-o", exe, main, lib, f"-Wl,-rpath,{work}"], check=True)
+    lib = build(work, f"libmany{n}.so", [(f"libmany{n}.c", functions(n))], ["-shared", "-fPIC", "-fno-semantic-interposition"])
+    exe = build(work, f"manylib{n}", [("main.c", MAIN)], [lib, f"-Wl,-rpath,{work}"])
     return exe, os.path.basename(lib)
 
 
@@ -128,16 +120,18 @@ def mock(n, design):
     return "\n".join(o) + "\n"
 
 
-def build(work, name, sources):
-    exe = os.path.join(work, name)
+def build(work, name, sources, flags=()):
+    """Writes `sources` ((file name, text) pairs) into `work` and builds them with gcc -O2 and
+    `flags` into `work/name`; returns its path."""
+    out = os.path.join(work, name)
     paths = []
     for fname, text in sources:
         p = os.path.join(work, fname)
         with open(p, "w") as f:
             f.write(text)
         paths.append(p)
-    subprocess.run(["gcc", "-O2", "-o", exe] + paths, check=True)
-    return exe
+    subprocess.run(["gcc", "-O2", "-o", out] + paths + list(flags), check=True)
+    return out
 
 
 def ns_per_call(cmd):

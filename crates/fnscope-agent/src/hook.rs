@@ -732,24 +732,25 @@ impl SlotKind {
 }
 
 /// Head of a tracing (or pre-hook) slot at `slot`, in the area at `area` ([`write_area_header`]):
-/// see [`crate::stubs`]. It jumps to `stub` (`fnscope_entry_args` when `args`) directly where
-/// the stub lies within reach (the agent's library near a hooked library); else, with
-/// `via_thunk`, directly to the area's thunk for that stub, or without, through the header's
-/// word itself (one taken branch fewer, for areas of few slots: see [`THUNK_FROM`]).
-pub(crate) fn trace_head(slot: u64, area: u64, stub: u64, args: bool, via_thunk: bool, id: u32) -> [u8; SLOT_CODE_OFFSET] {
+/// see [`crate::stubs`]. It jumps to `stub` (the area's stub, or `fnscope_entry_args`)
+/// directly where the stub lies within reach (the agent's library near a hooked library);
+/// else, with `via_thunk`, directly to the area's thunk for that stub, or without, through the
+/// header's word itself (one taken branch fewer, for areas of few slots: see [`THUNK_FROM`]).
+pub(crate) fn trace_head(slot: u64, area: u64, stub: u64, via_thunk: bool, id: u32) -> [u8; SLOT_CODE_OFFSET] {
     let mut head = [0xccu8; SLOT_CODE_OFFSET];
     // mov [rsp-8], r11: REX.WR 89 /r, ModRM 01 011 100, SIB rsp, disp8 -8.
     head[0..5].copy_from_slice(&[0x4c, 0x89, 0x5c, 0x24, 0xf8]);
     // lea r11, [rip + disp32]: REX.WR 8D /r with ModRM 00 011 101.
     head[5..8].copy_from_slice(&[0x4c, 0x8d, 0x1d]);
     head[8..12].copy_from_slice(&((SLOT_CODE_OFFSET as i32) - 12).to_le_bytes());
-    // The header lies in the slot's own area, always within reach.
-    let thunk = area + if args { THUNK_ARGS } else { THUNK_STUB };
-    match fnscope_x86::jmp_rel32(slot + 12, stub).or_else(|| via_thunk.then(|| fnscope_x86::jmp_rel32(slot + 12, thunk)).flatten()) {
+    // The header's word and thunk for the stub; the header lies in the slot's own area,
+    // always within reach.
+    let (word, thunk) = if stub == stubs::fnscope_entry_args as *const () as u64 { (area + 16, area + THUNK_ARGS) } else { (area, area + THUNK_STUB) };
+    let direct = fnscope_x86::jmp_rel32(slot + 12, stub);
+    match direct.or_else(|| if via_thunk { fnscope_x86::jmp_rel32(slot + 12, thunk) } else { None }) {
         Some(jmp) => head[12..12 + jmp.len()].copy_from_slice(&jmp),
         None => {
             // jmp qword ptr [rip + disp32] to the header's word for the stub.
-            let word = area + if args { 16 } else { 0 };
             head[12..14].copy_from_slice(&[0xff, 0x25]);
             head[14..18].copy_from_slice(&((word as i64 - (slot as i64 + 18)) as i32).to_le_bytes());
         }
@@ -938,17 +939,17 @@ fn build_slots(
             // Functions with values to record or injections have a stub of their own.
             SlotKind::Trace => {
                 let desc = if descs.is_empty() { None } else { descs.remove(&p.index) };
-                let (args, stub, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
+                let (stub, unit) = match desc.and_then(|d| crate::args::register(id, d)) {
                     Some((line, unit)) => {
                         args_lines.push_str(&line);
-                        (true, stubs::fnscope_entry_args as *const () as u64, unit)
+                        (stubs::fnscope_entry_args as *const () as u64, unit)
                     }
-                    None => (false, target, 0),
+                    None => (target, 0),
                 };
-                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, stub, args, via_thunk, id));
+                mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, stub, via_thunk, id));
                 mem[SLOT_UNIT_OFFSET..SLOT_ID_OFFSET].copy_from_slice(&unit.to_le_bytes());
             }
-            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, target, false, via_thunk, id)),
+            SlotKind::Prehook => mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, target, via_thunk, id)),
             SlotKind::Count => mem[..COUNT_CODE_OFFSET].copy_from_slice(&count_head(slot, area.base, id)),
         }
         patches.extend(jumps[before..].iter().map(|&jump| Patch { jump, id, after }));
@@ -1275,14 +1276,20 @@ mod tests {
             let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
             (0..n).map(|_| d.decode()).collect()
         };
-        for (stub, args, direct) in [
-            (0x7f00_4000_0000u64, false, true),
-            (slot - 0x7000_0000, true, true),
-            (0x5555_0000_0000, false, false),
-            (slot + (1 << 32), true, false),
+        let args_stub = crate::stubs::fnscope_entry_args as *const () as u64;
+        // The real args stub (the head knows it by its address): within reach of an area 1 GiB
+        // below it, out of reach of one 1 TiB below.
+        let near_args = args_stub - (1 << 30);
+        for (area, stub, args, direct) in [
+            (area, 0x7f00_4000_0000u64, false, true),
+            (area, 0x5555_0000_0000, false, false),
+            (area, slot + (1 << 32), false, false),
+            (near_args, args_stub, true, true),
+            (args_stub.wrapping_sub(1 << 40), args_stub, true, false),
         ] {
+            let slot = area + AREA_HEADER as u64 + 0x40;
             for via_thunk in [false, true] {
-                let head = trace_head(slot, area, stub, args, via_thunk, 0x0102_0304);
+                let head = trace_head(slot, area, stub, via_thunk, 0x0102_0304);
                 let i = decode(&head[..18], slot, 3);
                 assert_eq!((i[0].code(), i[0].memory_base(), i[0].memory_displacement64() as i64, i[0].op1_register()), (Code::Mov_rm64_r64, Register::RSP, -8, Register::R11));
                 assert_eq!((i[1].code(), i[1].op0_register()), (Code::Lea_r64_m, Register::R11));

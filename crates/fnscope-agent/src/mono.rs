@@ -322,7 +322,7 @@ fn hook_method(t: &mut Tracer, st: &mut State, method: usize, start: u64, size: 
     let head: &[u8] = match kind {
         SlotKind::Count => &hook::count_head(slot, area_base, id),
         // JIT-compiled methods come by the thousand: through the area's thunk.
-        _ => &hook::trace_head(slot, area_base, target, false, true, id),
+        _ => &hook::trace_head(slot, area_base, target, true, id),
     };
     // SAFETY: `take_slot` reserved `slot_len` bytes at `slot` in a read-write-execute area of
     // ours that no jump leads into yet; the head and the relocated prologue fit (`slot_len`
