@@ -132,7 +132,10 @@ const THUNK_ARGS: u64 = 48;
 /// away) in an area of more than [`THUNK_FROM`] slots jumps directly to a thunk instead of
 /// through the word itself, so that one indirect jump serves the whole area: a jump through a
 /// pointer in each of thousands of slots cost 5.7-7 ns a call once a program calls a thousand
-/// functions or more (`bench/tools/many_functions.py`).
+/// functions or more (`bench/tools/many_functions.py`). Plain tracing slots jump to a copy
+/// of the stubs in their area instead where one could be placed (see `build_slots`); the
+/// thunks serve the slots with values to record, pre-hooks, Mono's methods, and areas
+/// without a copy.
 ///
 /// # Safety
 /// `base` is the start of a writable mapping of at least [`AREA_HEADER`] bytes that nothing
@@ -829,7 +832,10 @@ fn build_slots(
         let code = if p.as_is.is_some() { usize::from(p.hook.relocate_len) + fnscope_x86::JMP_LEN } else { fnscope_x86::max_relocated_len(p.hook.relocate_len.into()) };
         round_up(code_offset + code, 16)
     };
-    let total = AREA_HEADER + plans.iter().map(slot_len).sum::<usize>();
+    // Tracing slots' areas set room aside after the header for a copy of the stubs, used
+    // where the agent's library lies out of their reach (see `stubs::place_copy`).
+    let header = if kind == SlotKind::Trace { AREA_HEADER + stubs::COPY_ROOM } else { AREA_HEADER };
+    let total = header + plans.iter().map(slot_len).sum::<usize>();
     let area = alloc_near(lo, hi, total).ok_or_else(|| format!("no free memory within 2 GiB of {lo:#x}"))?;
     let target = match kind {
         SlotKind::Trace => stubs::fnscope_entry as *const () as u64,
@@ -840,6 +846,25 @@ fn build_slots(
     // (`total` counts it); every write below stays inside it (slot offsets are summed from the
     // same lengths that sized it).
     unsafe { write_area_header(area.base, target) };
+    let copy_at = area.base + AREA_HEADER as u64;
+    // The stub the plain tracing slots jump to: a copy beside them when the agent's is out
+    // of reach, so that their jump is direct.
+    let near = if kind == SlotKind::Trace && fnscope_x86::jmp_rel32(copy_at, target).is_none() {
+        // SAFETY: COPY_ROOM bytes of the fresh area after its header, set aside above; the
+        // area is made executable below, before any patch makes a slot reachable, and areas
+        // are never unmapped.
+        match unsafe { stubs::place_copy(copy_at) } {
+            Ok(entry) => entry,
+            Err(e) => {
+                if crate::verbose() {
+                    crate::warn(&format!("{}: slots jump to the stubs through a thunk: {e}", obj.path.display()));
+                }
+                target
+            }
+        }
+    } else {
+        target
+    };
     let via_thunk = plans.len() > THUNK_FROM;
     let mut args_lines = String::new();
     let mut patches = Vec::with_capacity(plans.len());
@@ -847,7 +872,7 @@ fn build_slots(
     let mut jumps = Vec::with_capacity(plans.len());
     let mut failed = Vec::new();
     let mut ids = Vec::with_capacity(plans.len());
-    let mut off = AREA_HEADER;
+    let mut off = header;
     // Donors first, so that a borrower finds its donor's id (plans come in index order, and
     // so do the ids of the first pass).
     let borrows = |p: &&Planned| matches!(p.hook.form, HookForm::Borrowed { .. });
@@ -944,7 +969,7 @@ fn build_slots(
                         args_lines.push_str(&line);
                         (stubs::fnscope_entry_args as *const () as u64, unit)
                     }
-                    None => (target, 0),
+                    None => (near, 0),
                 };
                 mem[..SLOT_CODE_OFFSET].copy_from_slice(&trace_head(slot, area.base, stub, via_thunk, id));
                 mem[SLOT_UNIT_OFFSET..SLOT_ID_OFFSET].copy_from_slice(&unit.to_le_bytes());

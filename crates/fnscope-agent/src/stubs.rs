@@ -6,8 +6,10 @@
 //! slot+0   mov [rsp-8], r11              ; the program's r11 (GCC's -fipa-ra may keep it live)
 //! slot+5   lea r11, [rip + slot+24]      ; address of the relocated original prologue
 //! slot+12  jmp rel32 stub                ; where the stub lies out of reach: jmp rel32 to
-//!                                        ; the area header's thunk, jmp [rip + entry] (in an
-//!                                        ; area of few slots, that jump itself)
+//!                                        ; the copy of the stubs in the slot's area
+//!                                        ; ([`place_copy`]); without one, to the area
+//!                                        ; header's thunk, jmp [rip + entry] (in an area of
+//!                                        ; few slots, that jump itself)
 //! slot+18  u16 args bits                ; slots of fnscope_entry_args only (args::slot_unit)
 //! slot+20  u32 function id
 //! slot+24  relocated prologue, then jmp back into the function
@@ -59,6 +61,7 @@
 //! compile-time assertions there.
 
 use core::arch::global_asm;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Offset of the args bits (`crate::args::slot_unit`) in a slot that jumps to
 /// `fnscope_entry_args`.
@@ -182,7 +185,7 @@ fnscope_tls:
     mov rdi, rdx
     lea rsi, [rbp + 208]
     mov rdx, rcx
-    call fnscope_entry_dead
+    call qword ptr [rip + fnscope_entry_dead@GOTPCREL]
     test eax, eax
     RESTORE_ALL
     jnz \retry
@@ -225,7 +228,7 @@ fnscope_tls:
     jmp .L\p\()_store
 .L\p\()_init:
     SAVE_ALL
-    call fnscope_thread_init
+    call qword ptr [rip + fnscope_thread_init@GOTPCREL]
     test eax, eax
     RESTORE_ALL
     jnz .L\p\()_retry
@@ -331,7 +334,7 @@ fnscope_exit:
     SAVE_ALL
     mov rdi, rdx
     mov edx, 24
-    call fnscope_settle
+    call qword ptr [rip + fnscope_settle@GOTPCREL]
     cmp eax, 1
     RESTORE_ALL
     jb .Lexit_reserve
@@ -341,13 +344,16 @@ fnscope_exit:
     SAVE_ALL
     mov rdi, rdx
     lea rsi, [rbp + 208]
-    call fnscope_exit_mismatch
+    call qword ptr [rip + fnscope_exit_mismatch@GOTPCREL]
     test eax, eax
     RESTORE_ALL
     jz .Lexit_retry
     /* The real return address is back in place and the call was recorded already. */
     jmp .Lexit_leave
     ENTRY_RARE_PATHS entry
+    .globl fnscope_entry_end
+    .hidden fnscope_entry_end
+fnscope_entry_end:
     .size fnscope_entry, . - fnscope_entry
 
 
@@ -801,11 +807,70 @@ fnscope_rdtsc:
 /// stub on every return.
 pub static MIN_TICKS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
+/// Bytes a copy of the entry and exit stubs ([`place_copy`]) may take.
+pub const COPY_ROOM: usize = 4096;
+
+/// Most copies of the stubs a process places (one per big module out of the stubs' reach:
+/// the main executable, a library loaded far away).
+const MAX_COPIES: usize = 64;
+
+/// The copies' entries, the first [`NCOPIES`] of them set (see [`is_exit`]).
+static COPIES: [AtomicU64; MAX_COPIES] = [const { AtomicU64::new(0) }; MAX_COPIES];
+static NCOPIES: AtomicUsize = AtomicUsize::new(0);
+
+/// Places a copy of the entry and exit stubs (`fnscope_entry` to `fnscope_entry_end`, their
+/// rare paths included) at `to`, and returns its entry: slots near `to` jump to it directly
+/// where the agent's library lies out of a jump's reach (see [`fnscope_x86::copy_far`]). A
+/// hooked function entered through a copy returns into the copy's exit, which
+/// [`is_exit`] knows from then on; any exit stub serves any entry (they share the thread's
+/// state), so the Rust side re-arms frames with `fnscope_exit` itself.
+///
+/// Made after [`MIN_TICKS`] is set: the copy reads the value it had then.
+///
+/// # Safety
+/// `[to, to + COPY_ROOM)` must be writable memory that nothing runs, made executable before
+/// any slot jumps there and never unmapped.
+pub unsafe fn place_copy(to: u64) -> Result<u64, String> {
+    let from = fnscope_entry as *const () as u64;
+    let len = (fnscope_entry_end as *const () as u64 - from) as usize;
+    let k = NCOPIES.load(Ordering::Acquire);
+    if k >= MAX_COPIES {
+        return Err(format!("{MAX_COPIES} copies of the stubs are placed already"));
+    }
+    // SAFETY: the stubs' own code, `len` bytes of the agent's text.
+    let code = unsafe { core::slice::from_raw_parts(from as *const u8, len) };
+    // SAFETY: the words the block reads outside itself are the agent's own data (GOT
+    // entries, MIN_TICKS), mapped: the block reads them too.
+    let bytes = fnscope_x86::copy_far(code, from, to, |a| Some(unsafe { (a as *const u64).read_unaligned() })).map_err(|e| e.to_string())?;
+    if bytes.len() > COPY_ROOM {
+        return Err(format!("a copy of the stubs takes {} bytes, more than the {COPY_ROOM} set aside", bytes.len()));
+    }
+    // SAFETY: per the caller's guarantee, COPY_ROOM writable bytes at `to`.
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), to as *mut u8, bytes.len()) };
+    COPIES[k].store(to, Ordering::Relaxed);
+    NCOPIES.store(k + 1, Ordering::Release);
+    Ok(to)
+}
+
+/// Whether `v` is the address of an exit stub: the agent's two, or a copy's
+/// ([`place_copy`]). The stubs themselves compare a return address with their own exit only;
+/// the slow paths they call ask this.
+pub fn is_exit(v: u64) -> bool {
+    if v == fnscope_exit as *const () as u64 || v == fnscope_exit_args as *const () as u64 {
+        return true;
+    }
+    let exit_offset = fnscope_exit as *const () as u64 - fnscope_entry as *const () as u64;
+    let n = NCOPIES.load(Ordering::Acquire).min(MAX_COPIES);
+    COPIES[..n].iter().any(|c| c.load(Ordering::Relaxed) + exit_offset == v)
+}
+
 extern "C" {
     /// Common entry stub; jumped to from a slot with `r11` = relocated prologue.
     pub fn fnscope_entry();
     /// Exit stub; hooked functions return into it.
     pub fn fnscope_exit();
+    /// The end of `fnscope_entry`'s block: both stubs and their rare paths (see [`place_copy`]).
+    fn fnscope_entry_end();
     /// Entry stub of functions with values to record or injections (see [`crate::args`]).
     pub fn fnscope_entry_args();
     /// Exit stub of those functions.
@@ -966,5 +1031,66 @@ mod tests {
             let code = unsafe { core::slice::from_raw_parts(at as *const u8, TLS_LOAD_GOT.len()) };
             assert_eq!(code, tls_load_inline(offset));
         }
+    }
+
+    /// A copy of the stubs placed far from the agent refers to nothing of the original: its
+    /// branches stay inside it, and what it reads outside itself (the slow paths' functions,
+    /// `fnscope_exit_args`, MIN_TICKS) it reads from its own words, which hold what the
+    /// original reaches. Every other instruction is the original's.
+    #[test]
+    fn a_copy_of_the_stubs_reaches_what_the_original_reaches() {
+        extern "C" {
+            fn fnscope_entry_dead();
+            fn fnscope_thread_init();
+            fn fnscope_settle();
+            fn fnscope_exit_mismatch();
+        }
+        specialise_tls().unwrap();
+        let from = fnscope_entry as *const () as u64;
+        let len = (fnscope_entry_end as *const () as u64 - from) as usize;
+        let mut room = vec![0u8; COPY_ROOM];
+        let to = room.as_mut_ptr() as u64;
+        // SAFETY: COPY_ROOM writable bytes that nothing runs (the copy is only decoded).
+        let entry = unsafe { place_copy(to) }.unwrap();
+        assert_eq!(entry, to);
+        // SAFETY: the stubs' own code.
+        let orig: Vec<Instruction> = Decoder::with_ip(64, unsafe { core::slice::from_raw_parts(from as *const u8, len) }, from, DecoderOptions::NONE).into_iter().collect();
+        let copy: Vec<Instruction> = Decoder::with_ip(64, &room[..len], to, DecoderOptions::NONE).into_iter().collect();
+        assert_eq!(orig.len(), copy.len());
+        let word = |a: u64| {
+            assert!(a >= to + len as u64 && a + 8 <= to + COPY_ROOM as u64, "{a:#x} is not one of the copy's words");
+            u64::from_le_bytes(room[(a - to) as usize..][..8].try_into().unwrap())
+        };
+        let funcs = [fnscope_entry_dead as *const () as u64, fnscope_thread_init as *const () as u64, fnscope_settle as *const () as u64, fnscope_exit_mismatch as *const () as u64];
+        let mut redirected = Vec::new();
+        for (o, c) in orig.iter().zip(&copy) {
+            let at = o.ip() - from;
+            assert_eq!(c.ip() - to, at);
+            let inside = |a: u64, base: u64| (base..base + len as u64).contains(&a);
+            if o.is_ip_rel_memory_operand() && !inside(o.ip_rel_memory_address(), from) || o.op0_kind() == iced_x86::OpKind::NearBranch64 && !inside(o.near_branch_target(), from) {
+                let w = word(c.ip_rel_memory_address());
+                match (o.code(), c.code()) {
+                    (Code::Call_rel32_64, Code::Call_rm64) => assert!(funcs.contains(&w) && w == o.near_branch_target(), "+{at:#x}"),
+                    (Code::Call_rm64, Code::Call_rm64) => assert!(funcs.contains(&w), "+{at:#x}"),
+                    (Code::Lea_r64_m, Code::Mov_r64_rm64) => assert_eq!((w, c.op0_register()), (fnscope_exit_args as *const () as u64, o.op0_register())),
+                    (Code::Cmp_r64_rm64, Code::Cmp_r64_rm64) => assert_eq!(o.ip_rel_memory_address(), MIN_TICKS.as_ptr() as u64, "+{at:#x}"),
+                    other => panic!("+{at:#x}: {other:?} leaves the block"),
+                }
+                redirected.push(o.code());
+                continue;
+            }
+            assert_eq!((o.code(), o.len()), (c.code(), c.len()), "+{at:#x}");
+            if o.op0_kind() == iced_x86::OpKind::NearBranch64 {
+                assert_eq!(c.near_branch_target() - to, o.near_branch_target() - from, "+{at:#x}");
+            }
+            if o.is_ip_rel_memory_operand() {
+                assert_eq!(c.ip_rel_memory_address() - to, o.ip_rel_memory_address() - from, "+{at:#x}");
+            }
+        }
+        // Four slow paths (two calls to one of them), the tail call's test, --min-duration.
+        assert_eq!(redirected.len(), 7, "{redirected:?}");
+        let exit = to + (fnscope_exit as *const () as u64 - from);
+        assert!(is_exit(exit) && is_exit(fnscope_exit as *const () as u64) && is_exit(fnscope_exit_args as *const () as u64));
+        assert!(!is_exit(to) && !is_exit(exit + 1));
     }
 }

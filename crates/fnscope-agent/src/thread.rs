@@ -589,7 +589,7 @@ extern "C" fn fnscope_entry_dead(st: *mut ThreadState, rsp: u64, slot: u64) -> u
         }
         let base = (*st).ss_base;
         let ret = read_volatile(rsp as *const u64);
-        let tail_call = ret == stubs::fnscope_exit as *const () as u64 || ret == stubs::fnscope_exit_args as *const () as u64;
+        let tail_call = stubs::is_exit(ret);
         // Asked only when needed: a system call.
         let mut alt_asked = None;
         let mut alt = || *alt_asked.get_or_insert_with(|| sys::alt_stack().map_or(Range(0, 0), |(lo, hi)| Range(lo, hi)));
@@ -676,8 +676,7 @@ impl Range {
 /// `slot` must be readable.
 unsafe fn holds_exit_stub(slot: u64) -> bool {
     // SAFETY: per the caller's guarantee.
-    let v = unsafe { read_volatile(slot as *const u64) };
-    v == stubs::fnscope_exit as *const () as u64 || v == stubs::fnscope_exit_args as *const () as u64
+    stubs::is_exit(unsafe { read_volatile(slot as *const u64) })
 }
 
 /// Forgets the pending backtrace and the entries it disarmed: those stay disarmed.
@@ -1372,7 +1371,7 @@ unsafe fn set_return_addresses_noting(st: *mut ThreadState, armed: bool, mut cha
             if armed && now == (*e).ret {
                 write_volatile(slot, exit);
                 changed(e);
-            } else if !armed && (now == plain || now == with_args) {
+            } else if !armed && stubs::is_exit(now) {
                 write_volatile(slot, (*e).ret);
                 changed(e);
             }
