@@ -42,6 +42,19 @@ fn build(dir: &Path) {
     );
 }
 
+/// Runs `inv` natively (it must succeed) and recorded into `dir`/trace: the same output and
+/// exit code, and no return the recorder could not match. Returns the native run and the trace.
+fn native_and_recorded(inv: &Invocation, dir: &TempDir) -> (Run, std::path::PathBuf) {
+    let native = inv.run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let trace = dir.join("trace");
+    let traced = inv.run_recorded(&trace);
+    let problems = compare_runs(&native, &traced);
+    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    assert!(!traced.stderr.contains("matched no open call"), "{}", traced.describe());
+    (native, trace)
+}
+
 /// `count NAME N` lines of the program's stderr.
 fn own_counts(stderr: &str) -> Vec<(String, u64)> {
     stderr
@@ -155,14 +168,51 @@ fn count_mode_has_counters_for_a_large_library_loaded_late() {
     let inv = Invocation::new(dir.join("big_main"), dir.path())
         .args(&[path_str(&lib)])
         .record_args(&["--mode", "count", "--lib", "libbig"]);
-    let native = inv.run_native();
-    assert_eq!(native.code, 0, "{}", native.describe());
-    let trace = dir.join("trace");
-    let traced = inv.run_recorded(&trace);
-    let problems = compare_runs(&native, &traced);
-    assert!(problems.is_empty(), "{problems:?}\n{}", traced.describe());
+    let (_, trace) = native_and_recorded(&inv, &dir);
     let stats = counted(&trace);
     let calls = |name: &str| -> u64 { stats.iter().filter(|f| f.name == name).map(|f| f.calls).sum() };
     assert_eq!(calls("big_0"), 10);
     assert_eq!(calls("big_19999"), 10, "the last of 20,000 functions loaded late has no counter\n{}", info(&trace));
+}
+
+/// Tail calls from the program into a library traced with `--lib` and back: the two modules'
+/// functions are entered through different stubs (the program's through the copy the agent
+/// places beside its slots), so a function entered by a tail call from the other module finds
+/// the other stub's exit in its return slot. It must take that for the tail call it is, not
+/// close its caller as gone: exact counts, the calls nested as they ran, none unwound.
+#[test]
+fn tail_calls_between_the_program_and_a_library() {
+    let dir = TempDir::new("tail-lib");
+    let d = path_str(dir.path()).to_string();
+    gcc(&["-O2", "-shared", "-fPIC", "-o", &format!("{d}/libtail_lib.so"), "tail_lib.c"], dir.path());
+    gcc(&["-O2", "-o", &format!("{d}/tail_main"), "tail_main.c", &format!("-L{d}"), "-ltail_lib", "-Wl,-rpath,$ORIGIN"], dir.path());
+    let inv = Invocation::new(dir.join("tail_main"), dir.path()).record_args(&["--lib", "libtail_lib"]);
+    let (native, trace) = native_and_recorded(&inv, &dir);
+    let stats = report(&trace).expect("report");
+    let counts = own_counts(&native.stderr);
+    assert_eq!(counts.len(), 6, "the program prints six counts: {}", native.stderr);
+    for (name, n) in counts {
+        let module = if name.starts_with("lib_") { "libtail_lib.so" } else { "tail_main" };
+        assert_eq!(calls_of(&stats, module, &name), (n, 1), "calls of {name}");
+    }
+    assert_eq!(unwound_calls(&trace), Vec::<String>::new());
+    let replay = fnscope_cmd(&["replay", "-i", path_str(&trace)]);
+    assert_eq!(replay.code, 0, "{}", replay.describe());
+    // Each tail call's callee nested in its caller: lib_leaf in to_lib, prog_leaf in lib_jump
+    // in from_lib.
+    let shape: Vec<String> = replay.stdout.lines().skip(1).take(11).map(|l| l.split_once('|').map_or(l, |(_, f)| f).trim_end().to_string()).collect();
+    let want = [
+        " main() {",
+        "   outer() {",
+        "     to_lib() {",
+        "       lib_leaf();",
+        "     } /* to_lib */",
+        "     from_lib() {",
+        "       lib_jump() {",
+        "         prog_leaf();",
+        "       } /* lib_jump */",
+        "     } /* from_lib */",
+        "   } /* outer */",
+    ];
+    assert_eq!(shape, want, "{}", replay.stdout);
 }
