@@ -180,11 +180,12 @@ fnscope_tls:
 
     /* Entry stub, rdx = thread state, rcx = the entry reserved: closes the entries below it
        whose frames are gone and starts the entry over if there were any. */
-    .macro CLOSE_DEAD_ENTRIES retry
+    .macro CLOSE_DEAD_ENTRIES retry, site
     SAVE_ALL
     mov rdi, rdx
     lea rsi, [rbp + 208]
     mov rdx, rcx
+\site:
     call qword ptr [rip + fnscope_entry_dead@GOTPCREL]
     test eax, eax
     RESTORE_ALL
@@ -204,7 +205,7 @@ fnscope_tls:
     je .L\p\()_untraced_run
     cmp qword ptr [rcx - 8], rsp
     ja .L\p\()_untraced_run
-    CLOSE_DEAD_ENTRIES .L\p\()_retry
+    CLOSE_DEAD_ENTRIES .L\p\()_retry, .L\p\()_site_dead1
 .L\p\()_untraced_run:
     sub qword ptr [rdx], 32
     mov rcx, [rsp - 32]
@@ -218,16 +219,18 @@ fnscope_tls:
     lea r11, [rip + fnscope_exit]
     cmp qword ptr [rsp], r11
     je .L\p\()_tail
+.L\p\()_site_tail:
     lea r11, [rip + fnscope_exit_args]
     cmp qword ptr [rsp], r11
 .L\p\()_tail:
     mov r11, [rsp - 40]
     je .L\p\()_store
 .L\p\()_dead:
-    CLOSE_DEAD_ENTRIES .L\p\()_retry
+    CLOSE_DEAD_ENTRIES .L\p\()_retry, .L\p\()_site_dead2
     jmp .L\p\()_store
 .L\p\()_init:
     SAVE_ALL
+.L\p\()_site_init:
     call qword ptr [rip + fnscope_thread_init@GOTPCREL]
     test eax, eax
     RESTORE_ALL
@@ -296,6 +299,7 @@ fnscope_exit:
     /* --min-duration: a call shorter than the threshold (0 without one) is not recorded. */
     mov rsi, rax
     sub rsi, qword ptr [rcx + 8]
+.Lsite_min_ticks:
     cmp rsi, qword ptr [rip + {min_ticks}]
     jb .Lexit_pop
 .Lexit_reserve:
@@ -334,6 +338,7 @@ fnscope_exit:
     SAVE_ALL
     mov rdi, rdx
     mov edx, 24
+.Lsite_settle:
     call qword ptr [rip + fnscope_settle@GOTPCREL]
     cmp eax, 1
     RESTORE_ALL
@@ -344,6 +349,7 @@ fnscope_exit:
     SAVE_ALL
     mov rdi, rdx
     lea rsi, [rbp + 208]
+.Lsite_mismatch:
     call qword ptr [rip + fnscope_exit_mismatch@GOTPCREL]
     test eax, eax
     RESTORE_ALL
@@ -780,6 +786,16 @@ fnscope_tls_offset:
 fnscope_tls_sites:
     .quad .Ltls_entry, .Ltls_exit, .Ltls_entry_args, .Ltls_exit_args
     .size fnscope_tls_sites, . - fnscope_tls_sites
+
+    /* The instructions of fnscope_entry's block that reach out of it (see place_copy). */
+    .p2align 3
+    .globl fnscope_copy_sites
+    .hidden fnscope_copy_sites
+    .type fnscope_copy_sites,@object
+fnscope_copy_sites:
+    .quad .Lentry_site_dead1, .Lentry_site_dead2, .Lentry_site_tail, .Lentry_site_init
+    .quad .Lsite_settle, .Lsite_mismatch, .Lsite_min_ticks, .Ltls_entry, .Ltls_exit
+    .size fnscope_copy_sites, . - fnscope_copy_sites
     .popsection
 
     TLS_ACCESSORS fnscope_tls_get, fnscope_tls_set, fnscope_tls, qword, rax, rdi
@@ -820,12 +836,24 @@ static NCOPIES: AtomicUsize = AtomicUsize::new(0);
 
 /// Places a copy of the entry and exit stubs (`fnscope_entry` to `fnscope_entry_end`, their
 /// rare paths included) at `to`, and returns its entry: slots near `to` jump to it directly
-/// where the agent's library lies out of a jump's reach (see [`fnscope_x86::copy_far`]). A
-/// hooked function entered through a copy returns into the copy's exit, which
-/// [`is_exit`] knows from then on; any exit stub serves any entry (they share the thread's
-/// state), so the Rust side re-arms frames with `fnscope_exit` itself.
+/// where the agent's library lies out of a jump's reach. A hooked function entered through a
+/// copy returns into the copy's exit, which [`is_exit`] knows from then on; any exit stub
+/// serves any entry (they share the thread's state), so the Rust side re-arms frames with
+/// `fnscope_exit` itself.
 ///
-/// Made after [`MIN_TICKS`] is set: the copy reads the value it had then.
+/// Inside the block every relative reference stays valid as it moves whole; the instructions
+/// that reach out of it (listed in `fnscope_copy_sites`) go through words placed after the
+/// copy instead, each in an instruction of the same length:
+/// - a call to a slow path (`call [rip + f@GOTPCREL]`, which the linker may have made
+///   `addr32 call f`) becomes `call [rip + word]`, the word holding the function's address;
+/// - `lea r11, [rip + fnscope_exit_args]` becomes `mov r11, [rip + word]`;
+/// - the load of [`MIN_TICKS`] (and of the TLS offset from the GOT, if [`specialise_tls`]
+///   could not write it in) reads a word holding the value it has now: the copy is made after
+///   `--min-duration` is set, once at start-up.
+///
+/// The table is checked by a test that decodes a copy: nothing in it may reach the original.
+/// No decoder runs here: at start-up it would fault in pages of the agent that a warm start
+/// never touches (0.6 ms of `git --version`'s 2.3).
 ///
 /// # Safety
 /// `[to, to + COPY_ROOM)` must be writable memory that nothing runs, made executable before
@@ -839,14 +867,53 @@ pub unsafe fn place_copy(to: u64) -> Result<u64, String> {
     }
     // SAFETY: the stubs' own code, `len` bytes of the agent's text.
     let code = unsafe { core::slice::from_raw_parts(from as *const u8, len) };
-    // SAFETY: the words the block reads outside itself are the agent's own data (GOT
-    // entries, MIN_TICKS), mapped: the block reads them too.
-    let bytes = fnscope_x86::copy_far(code, from, to, |a| Some(unsafe { (a as *const u64).read_unaligned() })).map_err(|e| e.to_string())?;
-    if bytes.len() > COPY_ROOM {
-        return Err(format!("a copy of the stubs takes {} bytes, more than the {COPY_ROOM} set aside", bytes.len()));
+    let mut out = code.to_vec();
+    let words_at = len.next_multiple_of(8);
+    let mut words: Vec<u64> = Vec::new();
+    // SAFETY: a table of addresses in the agent's read-only data.
+    let sites = unsafe { core::ptr::addr_of!(fnscope_copy_sites).read() };
+    for site in sites {
+        let at = site.checked_sub(from).filter(|&a| a as usize + 7 <= len).ok_or("a site of the stubs lies outside their block")? as usize;
+        // What `[rip + disp32]` (or `rel32`) ending an `ilen`-byte instruction at `at` reaches.
+        let reach = |ilen: usize| {
+            let d = i32::from_le_bytes([code[at + ilen - 4], code[at + ilen - 3], code[at + ilen - 2], code[at + ilen - 1]]);
+            (site + ilen as u64).wrapping_add(d as i64 as u64)
+        };
+        // SAFETY (the reads below): each reads where the original instruction reads, a word
+        // of the agent's own data (a GOT entry, MIN_TICKS).
+        let (ilen, word) = match code[at..at + 3] {
+            [0x67, 0xe8, _] => {
+                out[at..at + 2].copy_from_slice(&[0xff, 0x15]);
+                (6, reach(6))
+            }
+            [0xff, 0x15, _] => (6, unsafe { (reach(6) as *const u64).read_unaligned() }),
+            [0x4c, 0x8d, 0x1d] => {
+                out[at + 1] = 0x8b;
+                (7, reach(7))
+            }
+            [0x48, 0x3b, 0x35] | [0x48, 0x8b, 0x0d] => (7, unsafe { (reach(7) as *const u64).read_unaligned() }),
+            // A TLS load in the form specialise_tls writes (`mov rcx, fs:[offset]`) or the one
+            // a linker makes in an executable (`mov rcx, imm32`): it reaches nothing.
+            [0x64, 0x48, 0x8b] | [0x48, 0xc7, 0xc1] => continue,
+            _ => return Err(format!("unexpected code at +{at:#x} of the stubs: {:02x?}", &code[at..at + 3])),
+        };
+        let w = words.iter().position(|&v| v == word).unwrap_or_else(|| {
+            words.push(word);
+            words.len() - 1
+        });
+        // Both ends move together: the displacement is the same wherever the copy lies.
+        let disp = (words_at + 8 * w) as i64 - (at + ilen) as i64;
+        out[at + ilen - 4..at + ilen].copy_from_slice(&(disp as i32).to_le_bytes());
+    }
+    out.resize(words_at, 0xcc);
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    if out.len() > COPY_ROOM {
+        return Err(format!("a copy of the stubs takes {} bytes, more than the {COPY_ROOM} set aside", out.len()));
     }
     // SAFETY: per the caller's guarantee, COPY_ROOM writable bytes at `to`.
-    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), to as *mut u8, bytes.len()) };
+    unsafe { core::ptr::copy_nonoverlapping(out.as_ptr(), to as *mut u8, out.len()) };
     COPIES[k].store(to, Ordering::Relaxed);
     NCOPIES.store(k + 1, Ordering::Release);
     Ok(to)
@@ -893,6 +960,8 @@ extern "C" {
     pub fn fnscope_tls_set(state: *mut crate::thread::ThreadState);
     /// Reads the time-stamp counter.
     pub fn fnscope_rdtsc() -> u64;
+    /// The instructions of `fnscope_entry`'s block that reach out of it (see [`place_copy`]).
+    static fnscope_copy_sites: [u64; 9];
     /// Addresses of the stubs' loads of their thread state's address (see [`specialise_tls`]).
     static fnscope_tls_sites: [u64; 4];
 }

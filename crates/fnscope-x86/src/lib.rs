@@ -7,7 +7,6 @@
 //! branches into, can still be hooked through alignment padding that no code reaches, or
 //! through bytes a neighbour's hook leaves dead: see [`HookForm`].
 
-mod far;
 mod generated;
 mod padding;
 mod retaddr;
@@ -18,7 +17,6 @@ use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
     InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
-pub use far::{copy_far, FarCopyError};
 pub use fnscope_symbols::parallel_runs;
 pub use generated::analyze_code;
 use padding::{is_near_branch, is_terminator, Module, RefKind};
