@@ -78,7 +78,8 @@ enum Command {
         /// program does not wait; they are compressed when the program has ended. 0 writes
         /// every chunk uncompressed first; a large number never does. Not used by --flight,
         /// which copies every chunk. [default: 4, or half the buffer while every processor is
-        /// busy: writing chunks uncompressed then costs the program more than it saves]
+        /// busy: writing chunks uncompressed then costs the program more than it saves; and
+        /// 0 while a backlog lasts and a processor is free]
         #[arg(long, value_name = "CHUNKS")]
         spill_after: Option<usize>,
         #[command(flatten)]

@@ -747,6 +747,8 @@ struct Recorder {
     holes_seen: HashMap<(u32, u64), Instant>,
     /// Processors this process may run on.
     processors: usize,
+    /// Whether the recorder is behind for good (see [`Recorder::drain`]).
+    backlog: Backlog,
     /// Whether calls may carry data units (`-A`, `-R`, `--args`, `--inject`): without, no
     /// chunk has data slots, and none is scanned for them (the scan was a tenth of the
     /// recorder's time).
@@ -762,6 +764,65 @@ const HOLE_WAIT: Duration = Duration::from_millis(50);
 /// Full chunks left waiting beyond which the recorder writes the oldest uncompressed, unless
 /// every processor is busy or the user says otherwise (`--spill-after`).
 pub const DEFAULT_SPILL_AFTER: usize = 4;
+
+/// Passes of the recorder that must find more than [`DEFAULT_SPILL_AFTER`] chunks waiting
+/// before it spills every chunk ([`Backlog`]). After a nap the first pass may find that
+/// many, and the next ones fewer: one pass proves nothing.
+const BACKLOG_PASSES: u32 = 2;
+
+/// How often [`Backlog`] reads `/proc/loadavg`: while every chunk is spilled a pass comes
+/// every few microseconds, and a file read each time would be much of the recorder's work.
+const LOAD_LOOK: Duration = Duration::from_millis(1);
+
+/// Looks at the load [`Backlog`] decides from, of which three quarters must find a
+/// processor free: one look sees an instant, and spilling (the kernel's threads that write
+/// its pages out) now and then adds a task to a program that leaves one free. The decision
+/// waits for [`FIRST_LOOKS`] of them.
+const LOAD_LOOKS: u32 = 8;
+/// See [`LOAD_LOOKS`].
+const FIRST_LOOKS: u32 = 4;
+const _: () = assert!(FIRST_LOOKS <= LOAD_LOOKS && LOAD_LOOKS == u8::BITS);
+
+/// Whether the recorder is behind for good: the program fills chunks faster than they
+/// compress. Then it spills every chunk while a processor is free, until it has caught up
+/// (a pass finds no chunk waiting). Compressing the last few in place, it would hold each
+/// for longer than the program takes to fill the next ones, and the program would write
+/// into more chunks, colder in its cache.
+#[derive(Default)]
+struct Backlog {
+    /// Passes since the last that found no chunk waiting, that found more than
+    /// [`DEFAULT_SPILL_AFTER`].
+    passes: u32,
+    /// When the load was last looked at in that time, what the last [`LOAD_LOOKS`] looks
+    /// found (bit 0 the last: 1 when every processor was busy), and how many were made.
+    looks: (Option<Instant>, u8, u32),
+}
+
+impl Backlog {
+    /// Notes a pass of the copying loop at `now` that found `waiting` FULL chunks. `busy`
+    /// tells whether every processor is busy; it is asked during a backlog only, at most
+    /// every [`LOAD_LOOK`].
+    fn pass(&mut self, waiting: usize, now: Instant, busy: impl FnOnce() -> bool) {
+        if waiting == 0 {
+            *self = Backlog::default();
+            return;
+        }
+        if waiting > DEFAULT_SPILL_AFTER {
+            self.passes = self.passes.saturating_add(1);
+        }
+        let (last, seen, n) = self.looks;
+        if self.passes > 0 && last.is_none_or(|t| now.saturating_duration_since(t) >= LOAD_LOOK) {
+            self.looks = (Some(now), seen << 1 | busy() as u8, n.saturating_add(1));
+        }
+    }
+
+    /// Whether to spill every chunk: [`BACKLOG_PASSES`] passes found a backlog, and three
+    /// quarters of the last looks (at least [`FIRST_LOOKS`]) found a processor free.
+    fn spill_all(&self) -> bool {
+        let looks = self.looks.2.min(LOAD_LOOKS);
+        self.passes >= BACKLOG_PASSES && looks >= FIRST_LOOKS && 4 * (looks - self.looks.1.count_ones()) >= 3 * looks
+    }
+}
 
 /// Whether more tasks are ready to run than there are `processors` (the recorder, running,
 /// among them): the kernel's count in `/proc/loadavg` (`running/total`). Unknown: no.
@@ -965,8 +1026,13 @@ impl Recorder {
         // ids of a library loaded since the last pass.
         self.images_checked = false;
         let full = self.region.chunks_in(&[CHUNK_FULL]);
+        let processors = self.processors;
+        if spill {
+            self.backlog.pass(full.len(), Instant::now(), || processors_saturated(processors));
+        }
         let after = match self.spill_after {
             Some(n) => n,
+            None if spill && self.backlog.spill_all() => 0,
             None if spill && full.len() > DEFAULT_SPILL_AFTER && processors_saturated(self.processors) => {
                 DEFAULT_SPILL_AFTER.max(self.region.nchunks as usize / 2)
             }
@@ -1428,6 +1494,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         split: Default::default(),
         spill_after: opts.spill_after,
         processors: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        backlog: Backlog::default(),
         values: !opts.values.is_empty(),
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
@@ -1728,8 +1795,9 @@ pub fn human_bytes(b: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{mono_no_inline, running_tasks};
+    use super::{mono_no_inline, running_tasks, Backlog, DEFAULT_SPILL_AFTER, LOAD_LOOK};
     use std::ffi::OsStr;
+    use std::time::Instant;
 
     #[test]
     fn mono_no_inline_keeps_the_users_options() {
@@ -1747,5 +1815,64 @@ mod tests {
         // This very process is running while it reads its own count.
         let own = std::fs::read_to_string("/proc/loadavg").unwrap();
         assert!(running_tasks(&own).is_some_and(|n| n >= 1), "{own}");
+    }
+
+    /// Passes `waiting` chunks each, one [`LOAD_LOOK`] apart from `at` on, the load looks
+    /// answering `busy`; returns whether the backlog says to spill every chunk after each.
+    fn passes(b: &mut Backlog, at: &mut Instant, waiting: &[usize], busy: bool) -> Vec<bool> {
+        let mut asked = 0;
+        let out = waiting
+            .iter()
+            .map(|&w| {
+                *at += LOAD_LOOK;
+                b.pass(w, *at, || {
+                    asked += 1;
+                    busy
+                });
+                b.spill_all()
+            })
+            .collect();
+        assert!(asked <= waiting.len());
+        out
+    }
+
+    #[test]
+    fn a_lasting_backlog_spills_every_chunk_while_a_processor_is_free() {
+        let behind = DEFAULT_SPILL_AFTER + 1;
+        let (mut b, mut at) = (Backlog::default(), Instant::now());
+        // A pass after a nap finds a few, the next ones none: never.
+        assert_eq!(passes(&mut b, &mut at, &[behind, 0, 1, 0, behind, 2, 0], false), [false; 7]);
+        // A backlog that lasts, with a processor free: once four looks were made.
+        assert_eq!(passes(&mut b, &mut at, &[behind, behind, 3, behind, 2, 1], false), [false, false, false, true, true, true]);
+        // Caught up: over, and a new backlog must prove itself again.
+        assert_eq!(passes(&mut b, &mut at, &[0, behind, behind], false), [false; 3]);
+        // The same backlog with every processor busy: never (the program would wait for the
+        // recorder's extra work).
+        let mut b = Backlog::default();
+        assert_eq!(passes(&mut b, &mut at, &[behind; 12], true), [false; 12]);
+        // Busy now and then: three quarters of the last eight looks decide.
+        let mut b = Backlog::default();
+        let mut got = passes(&mut b, &mut at, &[behind; 8], false);
+        got.extend(passes(&mut b, &mut at, &[behind; 2], true));
+        got.extend(passes(&mut b, &mut at, &[behind], true));
+        assert_eq!(got, [false, false, false, true, true, true, true, true, true, true, false]);
+    }
+
+    #[test]
+    fn the_load_is_looked_at_once_per_interval_and_only_during_a_backlog() {
+        let (mut b, at) = (Backlog::default(), Instant::now());
+        let mut asked = 0;
+        b.pass(3, at, || {
+            asked += 1;
+            false
+        });
+        assert_eq!(asked, 0, "no backlog yet");
+        for _ in 0..5 {
+            b.pass(DEFAULT_SPILL_AFTER + 1, at, || {
+                asked += 1;
+                false
+            });
+        }
+        assert_eq!(asked, 1, "five passes within one interval");
     }
 }
