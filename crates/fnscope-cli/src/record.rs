@@ -816,6 +816,12 @@ impl Backlog {
         }
     }
 
+    /// What the last look found (every processor busy), if it is less than [`LOAD_LOOK`] old
+    /// at `now`.
+    fn recent_look(&self, now: Instant) -> Option<bool> {
+        self.looks.0.filter(|&t| now.saturating_duration_since(t) < LOAD_LOOK).map(|_| self.looks.1 & 1 != 0)
+    }
+
     /// Whether to spill every chunk: [`BACKLOG_PASSES`] passes found a backlog, and three
     /// quarters of the last looks (at least [`FIRST_LOOKS`]) found a processor free.
     fn spill_all(&self) -> bool {
@@ -1026,14 +1032,17 @@ impl Recorder {
         // ids of a library loaded since the last pass.
         self.images_checked = false;
         let full = self.region.chunks_in(&[CHUNK_FULL]);
-        let processors = self.processors;
+        let (processors, now) = (self.processors, Instant::now());
         if spill {
-            self.backlog.pass(full.len(), Instant::now(), || processors_saturated(processors));
+            self.backlog.pass(full.len(), now, || processors_saturated(processors));
         }
+        // A look the backlog just made serves here too: one read of /proc/loadavg a
+        // millisecond at most.
+        let saturated = || self.backlog.recent_look(now).unwrap_or_else(|| processors_saturated(processors));
         let after = match self.spill_after {
             Some(n) => n,
             None if spill && self.backlog.spill_all() => 0,
-            None if spill && full.len() > DEFAULT_SPILL_AFTER && processors_saturated(self.processors) => {
+            None if spill && full.len() > DEFAULT_SPILL_AFTER && saturated() => {
                 DEFAULT_SPILL_AFTER.max(self.region.nchunks as usize / 2)
             }
             None => DEFAULT_SPILL_AFTER,
