@@ -1026,7 +1026,8 @@ impl Recorder {
     /// while a processor is idle: when every one is busy (a `make -j2` on two), the program
     /// waits for the recorder's extra work instead, and the run is slower. Then, unless the
     /// user set `--spill-after`, chunks are spilled only past half the region, so that the
-    /// program never runs out of them.
+    /// program never runs out of them. And while a processor is free and a backlog lasts
+    /// ([`Backlog`]), every chunk is spilled.
     fn drain(&mut self, spill: bool) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
