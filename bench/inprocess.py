@@ -28,6 +28,29 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Issue 11's recording of fib3: its three arguments and its return value.
+VALUES = ["-A", "fib3@arg1/i64,arg2/i32,arg3/i32", "-R", "fib3@i64"]
+
+
+def build_timed(tmp):
+    """Builds bench/workloads/fib_timed.c and fib3_timed.c into `tmp`; returns their paths."""
+    wl = os.path.join(ROOT, "bench/workloads")
+    built = []
+    for name in ("fib_timed", "fib3_timed"):
+        exe = os.path.join(tmp, name)
+        subprocess.run(["gcc", "-O2", "-I", wl, "-o", exe, os.path.join(wl, name + ".c")], check=True)
+        built.append(exe)
+    return tuple(built)
+
+
+def ns_per_call(stdout, cmd):
+    """The `ns/call=` figure a timed workload prints; exits with the output when there is none."""
+    m = re.search(r"ns/call=([0-9.]+)", stdout)
+    if not m:
+        sys.exit(f"no ns/call in the output of {' '.join(cmd)}:\n{stdout}")
+    return float(m.group(1))
+
+
 def measure(fnscope, runs, extra=(), uftrace=None):
     """Runs every configuration `runs` times, interleaved, and `rdtsc_cost` once per round.
 
@@ -37,15 +60,11 @@ def measure(fnscope, runs, extra=(), uftrace=None):
     """
     tmp = tempfile.mkdtemp(prefix="fnscope-inprocess-")
     try:
-        wl = os.path.join(ROOT, "bench/workloads")
-        fib = os.path.join(tmp, "fib_timed")
-        subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib, os.path.join(wl, "fib_timed.c")], check=True)
-        fib3 = os.path.join(tmp, "fib3_timed")
-        subprocess.run(["gcc", "-O2", "-I", wl, "-o", fib3, os.path.join(wl, "fib3_timed.c")], check=True)
+        fib, fib3 = build_timed(tmp)
         rdtsc = os.path.join(tmp, "rdtsc_cost")
         subprocess.run(["gcc", "-O2", "-o", rdtsc, os.path.join(ROOT, "bench/tools/rdtsc_cost.c")], check=True)
         trace = os.path.join(tmp, "trace")
-        values = ["-A", "fib3@arg1/i64,arg2/i32,arg3/i32", "-R", "fib3@i64"]
+        values = VALUES
         configs = {
             "native": (fib, None),
             "timing": (fib, []),
@@ -71,10 +90,7 @@ def measure(fnscope, runs, extra=(), uftrace=None):
                 else:
                     cmd = [prog] if opts is None else [fnscope, "record", "-o", trace] + opts + list(extra) + ["--", prog]
                 out = subprocess.run(cmd, capture_output=True, text=True).stdout
-                m = re.search(r"ns/call=([0-9.]+)", out)
-                if not m:
-                    sys.exit(f"no ns/call in the output of {' '.join(cmd)}:\n{out}")
-                got[name].append(float(m.group(1)))
+                got[name].append(ns_per_call(out, cmd))
                 shutil.rmtree(trace, ignore_errors=True)
                 shutil.rmtree(trace + ".uftrace", ignore_errors=True)
             out = subprocess.run([rdtsc], capture_output=True, text=True).stdout
