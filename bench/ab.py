@@ -20,8 +20,6 @@ difference keeps its sign across batches, not when one median is below the other
 """
 import argparse
 import os
-import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -29,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import SUMMARY_RE  # noqa: E402
+from harness import SUMMARY_RE, cpu_children  # noqa: E402
 from inprocess import VALUES, build_timed, ns_per_call  # noqa: E402
 
 WHAT = {
@@ -39,18 +37,13 @@ WHAT = {
 }
 
 
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def one_run(fnscope, what, fib, fib3, trace, extra):
     """One recording of measurement `what` with build `fnscope`: its figure in ns."""
     prog, opts = (fib3, VALUES) if what == "values" else (fib, [])
     cmd = [fnscope, "record", "-o", trace] + opts + list(extra) + ["--", prog]
-    c0 = children_cpu()
+    c0 = cpu_children()
     p = subprocess.run(cmd, capture_output=True, text=True)
-    cpu = children_cpu() - c0
+    cpu = cpu_children() - c0
     shutil.rmtree(trace, ignore_errors=True)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
