@@ -8,7 +8,8 @@ Measures, for each build, fib(32) and fib3(32) timed by the programs themselves
 (bench/workloads/fib_timed.c, fib3_timed.c): `fib`, ns per call in the program in timing
 mode; `values`, ns per call in the program with fib3's three arguments and return value
 recorded (issue 11's recording); `whole`, CPU time per call of the whole tree (program and
-recorder, user and system, from the children's rusage), fib in timing mode.
+recorder, user and system, from the children's rusage), fib in timing mode (the same
+recordings as `fib`'s: one run of fib gives both).
 
 The host this runs on is shared, and its speed drifts by more than most changes are worth:
 a run's figures move by a nanosecond or two from one batch to the next. So the two builds run
@@ -37,9 +38,9 @@ WHAT = {
 }
 
 
-def one_run(fnscope, what, fib, fib3, trace, extra):
-    """One recording of measurement `what` with build `fnscope`: its figure in ns."""
-    prog, opts = (fib3, VALUES) if what == "values" else (fib, [])
+def one_run(fnscope, prog, opts, trace, extra):
+    """One recording of `prog` with build `fnscope`: (ns per call in the program, whole-tree
+    CPU ns per call)."""
     cmd = [fnscope, "record", "-o", trace] + opts + list(extra) + ["--", prog]
     c0 = cpu_children()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -47,12 +48,10 @@ def one_run(fnscope, what, fib, fib3, trace, extra):
     shutil.rmtree(trace, ignore_errors=True)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
-    if what != "whole":
-        return ns_per_call(p.stdout, cmd)
     m = SUMMARY_RE.search(p.stderr)
     if not m or int(m.group(3)) == 0:
         sys.exit(f"no calls recorded in the summary of {' '.join(cmd)}:\n{p.stderr}")
-    return cpu * 1e9 / int(m.group(3))
+    return ns_per_call(p.stdout, cmd), cpu * 1e9 / int(m.group(3))
 
 
 def main():
@@ -75,12 +74,21 @@ def main():
     try:
         fib, fib3 = build_timed(tmp)
         trace = os.path.join(tmp, "trace")
-        got = {(w, b): [] for w in only for b in builds}
+        got = {(w, b): [] for w in WHAT for b in builds}
+        # Each recording and the figures it gives.
+        runs = []
+        if "fib" in only or "whole" in only:
+            runs.append((fib, [], ("fib", "whole")))
+        if "values" in only:
+            runs.append((fib3, VALUES, ("values", None)))
         for r in range(args.runs):
             order = ["A", "B"] if r % 2 == 0 else ["B", "A"]
-            for w in only:
+            for prog, opts, (inside, whole) in runs:
                 for b in order:
-                    got[(w, b)].append(one_run(builds[b], w, fib, fib3, trace, args.extra))
+                    ns, cpu = one_run(builds[b], prog, opts, trace, args.extra)
+                    got[(inside, b)].append(ns)
+                    if whole:
+                        got[(whole, b)].append(cpu)
             print(f"round {r + 1}/{args.runs}", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
