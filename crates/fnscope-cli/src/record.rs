@@ -793,9 +793,13 @@ struct Backlog {
     /// Passes since the last that found no chunk waiting, that found more than
     /// [`DEFAULT_SPILL_AFTER`].
     passes: u32,
-    /// When the load was last looked at in that time, what the last [`LOAD_LOOKS`] looks
-    /// found (bit 0 the last: 1 when every processor was busy), and how many were made.
-    looks: (Option<Instant>, u8, u32),
+    /// When the load was last looked at in that time.
+    last_look: Option<Instant>,
+    /// What the last [`LOAD_LOOKS`] looks found, bit 0 the last: 1 when every processor was
+    /// busy.
+    busy: u8,
+    /// Looks made in that time.
+    looks: u32,
 }
 
 impl Backlog {
@@ -810,23 +814,24 @@ impl Backlog {
         if waiting > DEFAULT_SPILL_AFTER {
             self.passes = self.passes.saturating_add(1);
         }
-        let (last, seen, n) = self.looks;
-        if self.passes > 0 && last.is_none_or(|t| now.saturating_duration_since(t) >= LOAD_LOOK) {
-            self.looks = (Some(now), seen << 1 | busy() as u8, n.saturating_add(1));
+        if self.passes > 0 && self.last_look.is_none_or(|t| now.saturating_duration_since(t) >= LOAD_LOOK) {
+            self.last_look = Some(now);
+            self.busy = self.busy << 1 | busy() as u8;
+            self.looks = self.looks.saturating_add(1);
         }
     }
 
     /// What the last look found (every processor busy), if it is less than [`LOAD_LOOK`] old
     /// at `now`.
     fn recent_look(&self, now: Instant) -> Option<bool> {
-        self.looks.0.filter(|&t| now.saturating_duration_since(t) < LOAD_LOOK).map(|_| self.looks.1 & 1 != 0)
+        self.last_look.filter(|&t| now.saturating_duration_since(t) < LOAD_LOOK).map(|_| self.busy & 1 != 0)
     }
 
     /// Whether to spill every chunk: [`BACKLOG_PASSES`] passes found a backlog, and three
     /// quarters of the last looks (at least [`FIRST_LOOKS`]) found a processor free.
     fn spill_all(&self) -> bool {
-        let looks = self.looks.2.min(LOAD_LOOKS);
-        self.passes >= BACKLOG_PASSES && looks >= FIRST_LOOKS && 4 * (looks - self.looks.1.count_ones()) >= 3 * looks
+        let looks = self.looks.min(LOAD_LOOKS);
+        self.passes >= BACKLOG_PASSES && looks >= FIRST_LOOKS && 4 * (looks - self.busy.count_ones()) >= 3 * looks
     }
 }
 
