@@ -4,8 +4,9 @@
 //! links runs inside the traced program.
 //!
 //! # The shared region
-//! The recorder (`fnscope record`) creates a file (normally on tmpfs) and passes its path in
-//! [`ENV_SHM`]. Every traced process maps it `MAP_SHARED`. It starts with one page holding a
+//! The recorder (`fnscope record`) creates a file on `/dev/shm` (or, when that file system has
+//! no room for all of it, memory of its own, named by the recorder's `/proc/<pid>/fd/<fd>`
+//! link) and passes its path in [`ENV_SHM`]. Every traced process maps it `MAP_SHARED`. It starts with one page holding a
 //! [`RegionHeader`], followed by `nchunks` chunks of `chunk_size` bytes. A chunk is a
 //! [`ChunkHeader`] followed by [`Record`]s.
 //!
@@ -17,7 +18,8 @@
 //! which works because the agent writes a record's `id_depth` word (never zero) last.
 #![no_std]
 
-/// Path of the shared region file.
+/// Path of the shared region: a file on `/dev/shm`, or a `/proc/<pid>/fd/<fd>` link to the
+/// recorder's memory file.
 pub const ENV_SHM: &str = "FNSCOPE_SHM";
 /// Trace directory; the agent writes its image tables into `DIR/images/`.
 pub const ENV_DIR: &str = "FNSCOPE_DIR";

@@ -273,7 +273,8 @@ pub fn acquire(pid: u32, tid: u32, seq: u64, lost: u64) -> Option<Taken> {
 }
 
 /// Whether the recorder is gone (killed). The first agent to notice removes the region file,
-/// which nobody else would; every agent then stops recording.
+/// which nobody else would (a region in memory of its own has none: its `/proc` link went
+/// with the recorder, and the unlink fails, harmlessly); every agent then stops recording.
 pub fn check_recorder() -> bool {
     if !attached() {
         return false;

@@ -467,26 +467,53 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// The shared region, as the recorder sees it.
 struct Region {
     map: memmap2::MmapMut,
+    /// What the agents open ([`fnscope_abi::ENV_SHM`]).
     path: PathBuf,
+    /// Kept open: with no file on `/dev/shm`, `path` is this descriptor's `/proc` link.
+    _file: std::fs::File,
+    /// Whether `path` is a file on `/dev/shm`, to be removed at the end.
+    on_shm: bool,
     chunk_size: u32,
     nchunks: u32,
     slots: u32,
 }
 
+/// Where the region goes when `/dev/shm` has no room for all of it.
+const MEMFD_NAME: &std::ffi::CStr = c"fnscope-region";
+
 impl Region {
-    fn create(dir: &Path, nchunks: u32, chunk_size: u32) -> Result<Region> {
-        let shm = Path::new("/dev/shm");
-        let base = if shm.is_dir() { shm.to_path_buf() } else { dir.to_path_buf() };
-        let path = base.join(format!("fnscope-{}-{}", std::process::id(), clock_ns(libc::CLOCK_MONOTONIC)));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .with_context(|| format!("cannot create the shared buffer {}", path.display()))?;
+    /// Makes the region: a file on `/dev/shm` when that file system has room for all of it,
+    /// else memory of its own (`memfd_create`), which the agents open through this process's
+    /// `/proc/<pid>/fd` link. A file system on `/dev/shm` smaller than the region (64 MiB in
+    /// a Docker container by default) takes the file, but the first page written past its
+    /// room is a SIGBUS, to the recorder or to the program, in the middle of the run;
+    /// memory of its own is limited by the memory there is, as the program's is.
+    fn create(nchunks: u32, chunk_size: u32, verbose: bool) -> Result<Region> {
         let slots = fnscope_abi::DEFAULT_STACK_SLOTS;
-        file.set_len(fnscope_abi::region_size(chunk_size, nchunks, slots) as u64)
-            .with_context(|| format!("cannot size the shared buffer {}", path.display()))?;
+        let size = fnscope_abi::region_size(chunk_size, nchunks, slots) as u64;
+        let shm = Path::new("/dev/shm");
+        let room = nix::sys::statvfs::statvfs(shm).map(|s| s.blocks_available().saturating_mul(s.fragment_size())).unwrap_or(0);
+        let (file, path, on_shm) = if room >= size {
+            let path = shm.join(format!("fnscope-{}-{}", std::process::id(), clock_ns(libc::CLOCK_MONOTONIC)));
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .with_context(|| format!("cannot create the shared buffer {}", path.display()))?;
+            (file, path, true)
+        } else {
+            let fd = nix::sys::memfd::memfd_create(MEMFD_NAME, nix::sys::memfd::MFdFlags::MFD_CLOEXEC).with_context(|| {
+                format!("/dev/shm has room for {} MiB, the shared buffer needs {} MiB, and no memory could be had for it instead (memfd_create); record with a smaller --buffer-mb", room >> 20, size >> 20)
+            })?;
+            let file = std::fs::File::from(fd);
+            let path = PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), std::os::fd::AsRawFd::as_raw_fd(&file)));
+            if verbose {
+                eprintln!("fnscope: /dev/shm has room for {} MiB, the shared buffer needs {} MiB: it is memory of its own", room >> 20, size >> 20);
+            }
+            (file, path, false)
+        };
+        file.set_len(size).with_context(|| format!("cannot size the shared buffer {}", path.display()))?;
         // SAFETY: a file we just created and own; nobody else maps it until the program starts.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.context("cannot map the shared buffer")?;
         let hdr = map.as_mut_ptr() as *mut RegionHeader;
@@ -499,7 +526,7 @@ impl Region {
             (*hdr).recorder_pid = std::process::id();
             (*hdr).stack_slots = slots;
         }
-        Ok(Region { map, path, chunk_size, nchunks, slots })
+        Ok(Region { map, path, _file: file, on_shm, chunk_size, nchunks, slots })
     }
 
     fn header(&self) -> *mut RegionHeader {
@@ -659,7 +686,9 @@ struct ChunkRef {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.on_shm {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -1393,7 +1422,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     check_program(&program)?;
     let _lock = prepare_dir(&opts.output)?;
     let dir = std::fs::canonicalize(&opts.output)?;
-    let region = Region::create(&dir, opts.chunks, opts.chunk_size)?;
+    let region = Region::create(opts.chunks, opts.chunk_size, opts.verbose)?;
     let agent = crate::agent_lib::path()?;
     let mut writer = TraceWriter::create(&dir.join("trace.fns"))?;
     if let Some(cache) = opts.plan_cache.then(|| crate::table_cache::TableCache::next_to(&agent)).flatten() {

@@ -1,6 +1,6 @@
 //! The edges of `fnscope record` and of the trace file a user meets early: two recorders
 //! aimed at one folder, set-user-ID programs, paths that are not programs, what happens when
-//! the shared buffer is full, and a damaged chunk header.
+//! the shared buffer is full or `/dev/shm` too small for it, and a damaged chunk header.
 
 mod common;
 
@@ -392,6 +392,53 @@ fn full_buffer_drops_and_counts_as_the_help_says() {
     assert!(info.contains(&format!("records lost:     {lost}\n")), "info agrees with the summary ({lost}):\n{info}");
     let (f_calls, _) = calls_of(&report(&trace).unwrap(), "crowd", "f");
     assert!(f_calls < 48, "f's lost calls are not in the trace: {f_calls}");
+}
+
+/// Four threads of fib(27), 635,621 calls each, at once: more records than the recorder
+/// copies as they come on two processors, so that the shared buffer fills well past a few
+/// chunks.
+const FIB_THREADS: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+static void *run(void *a) { return (void *)fib(27); }
+int main(void) {
+    pthread_t t[4];
+    long s = 0;
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], 0, run, 0);
+    for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); s += (long)r; }
+    printf("%ld\n", s);
+    return 0;
+}
+"#;
+
+/// A `/dev/shm` smaller than the shared buffer (64 MiB in a Docker container by default)
+/// took the region file, and the first page written past its room was a SIGBUS: the recorder
+/// died with the trace. The region is memory of its own then. Run in a mount namespace of
+/// its own with a 16 MiB tmpfs on /dev/shm (a user namespace too when not root).
+#[test]
+fn dev_shm_smaller_than_the_buffer_is_not_a_crash() {
+    let dir = TempDir::new("small-shm");
+    let prog = compile_c_text(dir.path(), "fib_threads", FIB_THREADS);
+    let native = Invocation::new(&prog, dir.path()).run_native();
+    assert_eq!(native.code, 0, "{}", native.describe());
+    let trace = dir.join("t");
+    let script = format!(
+        "mount -t tmpfs -o size=16m fnscope-test /dev/shm || exit 99; exec '{}' record -v -o '{}' -- '{}'",
+        fnscope(),
+        path_str(&trace),
+        path_str(&prog)
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(if is_root() { &["-m"][..] } else { &["-U", "-r", "-m"][..] }).args(["sh", "-c", &script]).current_dir(dir.path());
+    let r = run(&mut cmd, b"", TIMEOUT);
+    assert_ne!(r.code, 99, "no tmpfs could be mounted on /dev/shm in a mount namespace of its own:\n{}", r.describe());
+    assert_eq!((r.code, &r.stdout), (0, &native.stdout), "{}", r.describe());
+    assert!(r.stderr.contains("/dev/shm has room for 16 MiB") && r.stderr.contains("memory of its own"), "{}", r.stderr);
+    // Without the agent's lines of -v, which say "functions hooked" too.
+    let recorder: Vec<&str> = r.stderr.lines().filter(|l| !l.starts_with("fnscope: pid ")).collect();
+    assert_eq!(summary_counts(&recorder.join("\n")), (4 * 635_621 + 4 + 1, 0), "{}", r.stderr);
+    assert_eq!(calls_of(&report(&trace).unwrap(), "fib_threads", "fib").0, 4 * 635_621);
 }
 
 /// Offsets and kinds of the chunks of a trace file.
