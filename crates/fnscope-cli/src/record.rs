@@ -515,7 +515,14 @@ impl Region {
         };
         file.set_len(size).with_context(|| format!("cannot size the shared buffer {}", path.display()))?;
         // SAFETY: a file we just created and own; nobody else maps it until the program starts.
-        let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.context("cannot map the shared buffer")?;
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.with_context(|| {
+            format!(
+                "cannot map the shared buffer ({} MiB: {} of chunks, {} of call stacks), which every traced process maps too; if the address space is limited (ulimit -v), raise the limit by that much, or make the chunks smaller with --buffer-mb",
+                size >> 20,
+                (fnscope_abi::chunk_offset(chunk_size, nchunks) as u64) >> 20,
+                (size - fnscope_abi::chunk_offset(chunk_size, nchunks) as u64) >> 20
+            )
+        })?;
         let hdr = map.as_mut_ptr() as *mut RegionHeader;
         // SAFETY: the mapping is larger than the header and page aligned.
         unsafe {

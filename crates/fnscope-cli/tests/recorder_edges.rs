@@ -441,6 +441,18 @@ fn dev_shm_smaller_than_the_buffer_is_not_a_crash() {
     assert_eq!(calls_of(&report(&trace).unwrap(), "fib_threads", "fib").0, 4 * 635_621);
 }
 
+/// An address space limited below the shared buffer's size is an error that says so, with
+/// the size and what to do, not a bare "Cannot allocate memory".
+#[test]
+fn address_space_limit_below_the_buffer_is_named() {
+    let dir = TempDir::new("ulimit-v");
+    let prog = compile_c_text(dir.path(), "trivial", TRIVIAL);
+    let script = format!("ulimit -v 600000 && exec '{}' record -o '{}' -- '{}'", fnscope(), path_str(&dir.join("t")), path_str(&prog));
+    let r = run(Command::new("sh").args(["-c", &script]).current_dir(dir.path()), b"", TIMEOUT);
+    let line = assert_one_line_error(&r, "record under ulimit -v 600000");
+    assert!(line.contains("cannot map the shared buffer (") && line.contains(" MiB") && line.contains("ulimit -v") && line.contains("--buffer-mb"), "{line}");
+}
+
 /// Offsets and kinds of the chunks of a trace file.
 fn chunks(file: &[u8]) -> Vec<(usize, u32)> {
     let mut at = 16;
