@@ -203,10 +203,12 @@ pub fn render_info_text(i: &Info) -> String {
     let _ = writeln!(
         o,
         "complete:         {}",
-        if i.truncated {
-            "no, the trace ended abruptly"
-        } else {
-            "yes"
+        match (&i.end, i.truncated) {
+            (Some(EndInfo { write_error: Some(why), unwritten_calls, .. }), _) => {
+                format!("no, the recorder could not write it to the end ({why}): {unwritten_calls} calls made after that are missing")
+            }
+            (_, true) => "no, the trace ended abruptly".to_string(),
+            (_, false) => "yes".to_string(),
         }
     );
     let _ = writeln!(o, "functions hooked: {}", i.functions_hooked);

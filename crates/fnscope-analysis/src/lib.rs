@@ -352,6 +352,16 @@ fn pass(
                 .into(),
         );
     }
+    if let Some(e) = &t.end {
+        if let Some(why) = &e.write_error {
+            t.truncated = true;
+            t.warnings.push(format!(
+                "the recorder could not write the trace to the end ({why}): {} calls made after \
+                 that are missing, and the results cover only what was written",
+                e.unwritten_calls
+            ));
+        }
+    }
     let unhooked: usize = t.images.values().map(|i| i.unhooked.len()).sum();
     if unhooked > 0 {
         let why = t.images.values().flat_map(|i| &i.unhooked).map(|u| u.1.as_str()).next().unwrap_or_default();

@@ -272,6 +272,42 @@ fn secure_mode_reason(path: &Path, md: &std::fs::Metadata) -> Option<String> {
 
 /// The name of the lock file in a trace folder.
 const LOCK_FILE: &str = "record.lock";
+/// Room set aside in the trace folder while recording (see [`Reserve`]).
+const RESERVE_FILE: &str = ".record.reserve";
+/// How much: an END chunk names every thread, about 50 bytes each.
+const RESERVE_BYTES: i64 = 256 << 10;
+
+/// Room on the trace's file system set aside for its END chunk, which a full disk would
+/// otherwise leave out (and with it the clock's calibration): given back just before it is
+/// written after a failed write, and when the recording ends.
+struct Reserve(Option<PathBuf>);
+
+impl Reserve {
+    /// Sets the room aside in `dir`; best effort (a file system without `fallocate` has none).
+    fn make(dir: &Path) -> Reserve {
+        let path = dir.join(RESERVE_FILE);
+        let made = std::fs::File::create(&path).ok().is_some_and(|f| {
+            nix::fcntl::fallocate(&f, nix::fcntl::FallocateFlags::empty(), 0, RESERVE_BYTES).is_ok()
+        });
+        if !made {
+            let _ = std::fs::remove_file(&path);
+        }
+        Reserve(made.then_some(path))
+    }
+
+    /// Gives the room back.
+    fn release(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
 
 /// A trace folder held by this recorder: an exclusive `flock` on `DIR/record.lock`, which
 /// holds the recorder's pid. The kernel drops the lock when the file is closed, so also when
@@ -305,6 +341,8 @@ fn prepare_dir(dir: &Path) -> Result<DirLock> {
         file = lock_dir(&real)?;
     }
     let _ = std::fs::remove_dir_all(dir.join("images"));
+    // A killed recorder's.
+    let _ = std::fs::remove_file(dir.join(RESERVE_FILE));
     // Snapshots of an earlier flight recording belong to that trace.
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.filter_map(|e| e.ok()) {
@@ -382,7 +420,7 @@ fn keep_earlier_trace(dir: &Path) -> Result<PathBuf> {
 /// recorder's snapshots): anything else is the user's.
 fn is_trace_entry(name: &std::ffi::OsStr) -> bool {
     let name = name.to_string_lossy();
-    [fnscope_format::TRACE_FILE, LOCK_FILE, "images", "counts"].contains(&&*name)
+    [fnscope_format::TRACE_FILE, LOCK_FILE, RESERVE_FILE, "images", "counts"].contains(&&*name)
         || name == format!("{}.tmp", fnscope_format::TRACE_FILE)
         || name.starts_with("snapshot-")
         || name.starts_with(".snapshot-")
@@ -789,6 +827,18 @@ struct Recorder {
     /// chunk has data slots, and none is scanned for them (the scan was a tenth of the
     /// recorder's time).
     values: bool,
+    /// Why the trace could not be written further (a full disk), from the first such error
+    /// on: nothing more is written then, and chunks are freed as they come, their calls
+    /// counted in `unwritten`, so that the program runs on as it would have; the trace is cut
+    /// after its last whole chunk and ended when the program is done
+    /// (`fnscope_format::end_torn_trace`).
+    failed: Option<String>,
+    /// Calls recorded after the trace stopped being written (see `failed`).
+    unwritten: u64,
+    /// (bytes handed to the writer, calls written) after each chunk of calls since the last
+    /// flush that worked, and the last before it: which calls a trace cut after a failed
+    /// write still holds.
+    marks: Vec<(u64, u64)>,
 }
 
 /// How long a FULL chunk with a slot not written yet waits for the stub that reserved it
@@ -917,6 +967,9 @@ impl Recorder {
     /// Copies the image tables written or extended since the last look; with `only_new`,
     /// only those of images never copied.
     fn copy_tables(&mut self, only_new: bool) -> Result<()> {
+        if self.failed.is_some() {
+            return Ok(());
+        }
         let Ok(rd) = std::fs::read_dir(self.dir.join("images")) else { return Ok(()) };
         let mut found: Vec<(u32, PathBuf, (u64, std::time::SystemTime))> = rd
             .filter_map(|e| e.ok())
@@ -958,14 +1011,21 @@ impl Recorder {
     /// Stores one thread's records: into the trace, or in flight mode into its ring (after
     /// the triggers have seen those they have not seen yet, from `from` on).
     fn store(&mut self, seg: Segment, from: usize) -> Result<()> {
-        self.calls += seg.recs.len() as u64;
-        self.pids.insert(seg.pid);
+        if self.failed.is_some() {
+            self.unwritten += seg.recs.len() as u64;
+            return Ok(());
+        }
         match &mut self.flight {
             Some(f) => {
+                self.calls += seg.recs.len() as u64;
+                self.pids.insert(seg.pid);
                 f.scan(seg.sid, &seg.recs[from.min(seg.recs.len())..]);
                 f.keep(seg);
             }
-            None => self.writer.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs, &seg.data)?,
+            None => {
+                self.writer.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs, &seg.data)?;
+                self.wrote(seg.recs.len(), seg.pid);
+            }
         }
         Ok(())
     }
@@ -975,6 +1035,14 @@ impl Recorder {
     /// `holes`: how many of the `n` slots were not written when the caller looked (see
     /// [`Recorder::hold_back`]); a slot, once written, stays so.
     fn take(&mut self, i: u32, n: usize, holes: usize, extra_flags: u32, raw: bool) -> Result<()> {
+        if self.failed.is_some() {
+            let recs = self.region.records(i, n);
+            let written: Vec<&Record> = recs.iter().filter(|r| r.is_present()).collect();
+            self.unwritten += written.iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count() as u64;
+            let (nrec, holes) = (recs.len(), recs.len() - written.len());
+            self.release(i, nrec, holes);
+            return Ok(());
+        }
         // SAFETY: the chunk is FULL (or its writer is gone): nobody writes its header now.
         let (sid, pid, tid, seq, lost, flags, name) = unsafe {
             let c = &*self.region.chunk(i);
@@ -1021,27 +1089,47 @@ impl Recorder {
             // A copy, a checksum and a write: the chunk is free again in a tenth of the time
             // an encoding takes. `compact` encodes it when the program is done.
             self.writer.write_raw_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs)?;
-            self.calls += recs.iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count() as u64;
-            self.pids.insert(pid);
+            self.wrote(recs.iter().filter(|r| !fnscope_abi::data::is_data_tag(r.id_depth)).count(), pid);
         } else if self.values && crate::flight::has_data_slots(recs) {
             // Straight from shared memory too: the data slots are split off as they are read.
             let (calls, data) = &mut self.split;
             fnscope_format::split_data_into(recs, calls, data);
             self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, calls, data)?;
-            self.calls += calls.len() as u64;
-            self.pids.insert(pid);
+            let calls = calls.len();
+            self.wrote(calls, pid);
         } else {
             // Straight from shared memory: no copy on the path of every call.
             self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &Default::default())?;
-            self.calls += recs.len() as u64;
-            self.pids.insert(pid);
+            self.wrote(recs.len(), pid);
         }
+        self.release(i, nrec, holes);
+        Ok(())
+    }
+
+    /// Counts `calls` of process `pid` just handed to the writer (see [`Recorder::marks`]).
+    fn wrote(&mut self, calls: usize, pid: u32) {
+        self.calls += calls as u64;
+        self.pids.insert(pid);
+        self.marks.push((self.writer.bytes_written(), self.calls));
+    }
+
+    /// Hands what the writer holds to the system; the marks before are settled then.
+    fn flush(&mut self) -> Result<()> {
+        self.writer.flush()?;
+        let settled = self.marks.len().saturating_sub(1);
+        self.marks.drain(..settled);
+        Ok(())
+    }
+
+    /// Gives chunk `i`, whose `nrec` records are copied, back to the agents; retires it
+    /// instead when `holes` of its slots were not written.
+    fn release(&mut self, i: u32, nrec: usize, holes: usize) {
         if holes > 0 {
             // The stub that reserved the slot may still write it: into this chunk, which
             // therefore nobody gets again.
             self.holes_seen.retain(|&(index, _), _| index != i);
             self.region.state(i).store(CHUNK_RETIRED, Ordering::Release);
-            return Ok(());
+            return;
         }
         let used = CHUNK_HEADER_SIZE + (nrec + 1).min(records_per_chunk(self.region.chunk_size)) * RECORD_SIZE;
         // SAFETY: zeroing the used part of a chunk nobody owns; the state word is set FREE last
@@ -1051,7 +1139,22 @@ impl Recorder {
             std::ptr::write_bytes(base.add(4), 0, used - 4);
         }
         self.region.state(i).store(CHUNK_FREE, Ordering::Release);
-        Ok(())
+    }
+
+    /// Stops writing the trace after `e` (see [`Recorder::failed`]), and says so once.
+    fn fail(&mut self, e: anyhow::Error) {
+        if self.failed.is_none() {
+            eprintln!("fnscope: error: {e:#}; the trace stops here, and the program runs on");
+            self.failed = Some(e.root_cause().to_string());
+        }
+    }
+
+    /// The value of `r`, or after an error (see [`Recorder::fail`]) the default.
+    fn or_fail<T: Default>(&mut self, r: Result<T>) -> T {
+        r.unwrap_or_else(|e| {
+            self.fail(e);
+            T::default()
+        })
     }
 
     /// Copies every FULL chunk, each thread's in stream order (the region's order is not
@@ -1256,6 +1359,7 @@ impl Recorder {
                 .filter(|((pid, _), _)| pids.contains(pid))
                 .map(|(&(pid, tid), name)| fnscope_format::ThreadName { pid, tid, name: name.clone() })
                 .collect(),
+            ..EndInfo::default()
         })?;
         w.flush()?;
         let bytes = w.bytes_written();
@@ -1432,6 +1536,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let region = Region::create(opts.chunks, opts.chunk_size, opts.verbose)?;
     let agent = crate::agent_lib::path()?;
     let mut writer = TraceWriter::create(&dir.join("trace.fns"))?;
+    let mut reserve = Reserve::make(&dir);
     if let Some(cache) = opts.plan_cache.then(|| crate::table_cache::TableCache::next_to(&agent)).flatten() {
         writer.set_frame_store(Box::new(cache));
     }
@@ -1547,6 +1652,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         processors: std::thread::available_parallelism().map_or(1, |n| n.get()),
         backlog: Backlog::default(),
         values: !opts.values.is_empty(),
+        failed: None,
+        unwritten: 0,
+        marks: Vec::new(),
     };
     let mut status: Option<(Option<i32>, Option<i32>)> = None;
     let mut last_harvest = Instant::now();
@@ -1558,8 +1666,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // Short naps must be short: the kernel's default slack would add 50 us to each.
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes how late this thread's timers may fire.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0) };
+    // From here on an error (a full disk) stops the trace, not the recording: the program
+    // runs on (see `Recorder::failed`).
     loop {
-        let busy = rec.drain(true)?;
+        let drained = rec.drain(true);
+        let busy = rec.or_fail(drained);
         let sig = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
         if sig != 0 {
             // SAFETY: forwarding a signal to our own child.
@@ -1593,7 +1704,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                         f.fire(format!("crash: process {r} died of signal {}", libc::WTERMSIG(st)));
                         rec.crash_signal = Some(libc::WTERMSIG(st));
                         // Its chunks and open calls first: they are what the snapshot is for.
-                        rec.harvest(false)?;
+                        let harvested = rec.harvest(false);
+                        rec.or_fail(harvested);
                     }
                 }
             }
@@ -1602,12 +1714,12 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             break;
         }
         if last_harvest.elapsed() > Duration::from_millis(100) {
-            rec.harvest(false)?;
-            rec.writer.flush()?;
+            let harvested = rec.harvest(false).and_then(|()| rec.flush());
+            rec.or_fail(harvested);
             last_harvest = Instant::now();
         }
-        rec.scan_live()?;
-        rec.snapshot_if_due()?;
+        let looked = rec.scan_live().and_then(|()| rec.snapshot_if_due());
+        rec.or_fail(looked);
         if busy > 0 {
             if let Some(t) = last_busy {
                 naps.chunks(busy, t.elapsed());
@@ -1615,7 +1727,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             last_busy = Some(Instant::now());
         } else {
             if last_image_look.elapsed() >= IMAGE_LOOK {
-                rec.copy_new_images()?;
+                let copied = rec.copy_new_images();
+                rec.or_fail(copied);
                 last_image_look = Instant::now();
             }
             // While the program hands chunks over, come back soon: a chunk freed at once is
@@ -1626,27 +1739,33 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             nap(if last_busy.is_some_and(|t| t.elapsed() < Duration::from_millis(20)) { naps.short() } else { Duration::from_millis(1) });
         }
     }
-    rec.drain(false)?;
-    rec.harvest(true)?;
+    let drained = rec.drain(false).and_then(|_| rec.harvest(true));
+    rec.or_fail(drained);
     rec.images_final = true;
-    rec.copy_images()?;
-    rec.snapshot_if_due()?;
+    let copied = rec.copy_images().and_then(|()| rec.snapshot_if_due());
+    rec.or_fail(copied);
     if let Some(f) = &mut rec.flight {
-        if f.opts.has(|t| matches!(t, Trigger::Exit)) && f.written < f.opts.max_snapshots {
+        if f.opts.has(|t| matches!(t, Trigger::Exit)) && f.written < f.opts.max_snapshots && rec.failed.is_none() {
             let why = match status {
                 Some((Some(c), _)) => format!("exit: the program ended with status {c}"),
                 Some((None, Some(s))) => format!("exit: the program was killed by signal {s}"),
                 _ => "exit".to_string(),
             };
-            rec.snapshot(&why)?;
+            let taken = rec.snapshot(&why);
+            rec.or_fail(taken);
         }
     }
-    let counted = copy_counts(&dir, &mut rec.writer, &mut rec.pids)?;
+    let counted = if rec.failed.is_none() {
+        let counted = copy_counts(&dir, &mut rec.writer, &mut rec.pids);
+        rec.or_fail(counted)
+    } else {
+        0
+    };
     let (tsc1, mono1, real1) = (tsc(), clock_ns(libc::CLOCK_MONOTONIC), clock_ns(libc::CLOCK_REALTIME));
     let ticks_per_ns = if mono1 > mono0 { (tsc1 - tsc0) as f64 / (mono1 - mono0) as f64 } else { 1.0 };
     let (exit_status, killed_by_signal) = status.unwrap_or((None, None));
     let lost = rec.region.lost();
-    rec.writer.write_end(&EndInfo {
+    let end = EndInfo {
         end_unix_ns: real1,
         tsc_at_end: tsc1,
         ticks_per_ns,
@@ -1661,10 +1780,42 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             .filter(|((pid, _), _)| rec.pids.contains(pid))
             .map(|(&(pid, tid), name)| fnscope_format::ThreadName { pid, tid, name: name.clone() })
             .collect(),
-    })?;
-    rec.writer.flush()?;
+        ..EndInfo::default()
+    };
+    if rec.failed.is_none() {
+        let ended = rec.writer.write_end(&end).and_then(|()| rec.writer.flush());
+        rec.or_fail(ended.map_err(anyhow::Error::from));
+    }
     let mut bytes = rec.writer.bytes_written();
-    if rec.writer.raw_chunks() > 0 {
+    if let Some(why) = rec.failed.clone() {
+        // What the writer still holds would land past the end the trace is given now.
+        rec.writer.abandon();
+        reserve.release();
+        let trace = dir.join(fnscope_format::TRACE_FILE);
+        let made = rec.calls + rec.unwritten;
+        let (marks, mut kept) = (&rec.marks, None);
+        let mut end_at = |cut: u64, threads| {
+            let calls = marks.iter().rev().find(|m| m.0 <= cut).map_or(0, |m| m.1);
+            kept = Some(calls);
+            EndInfo { write_error: Some(why.clone()), unwritten_calls: made - calls, threads, ..end.clone() }
+        };
+        // Without the threads' names if they take more than the room set aside.
+        let ended = fnscope_format::end_torn_trace(&trace, |cut| end_at(cut, end.threads.clone()))
+            .or_else(|_| fnscope_format::end_torn_trace(&trace, |cut| end_at(cut, Vec::new())));
+        match ended {
+            Ok(len) => bytes = len,
+            Err(e) => eprintln!("fnscope: warning: the trace has no END chunk either ({e}): its times are not calibrated"),
+        }
+        if let Some(calls) = kept {
+            (rec.calls, rec.unwritten) = (calls, made - calls);
+        }
+        eprintln!(
+            "fnscope: error: the trace holds the {} calls written before writing failed ({why}); the {} calls made after are not in it; `fnscope report -i {}` reads what it holds",
+            rec.calls,
+            rec.unwritten,
+            opts.output.display()
+        );
+    } else if rec.writer.raw_chunks() > 0 {
         let raw = rec.writer.raw_chunks();
         let started = Instant::now();
         let bar = crate::progress::Progress::new("compressing the chunks written uncompressed");
@@ -1745,6 +1896,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         );
     }
     let exit_code = match (exit_status, killed_by_signal) {
+        // A trace cut short by an error makes a clean run's exit code 2, as a failed upload
+        // does, so that a script notices; a failed program's own code comes first.
+        (Some(0), _) if rec.failed.is_some() => 2,
         (Some(c), _) => c,
         (None, Some(s)) => 128 + s,
         (None, None) => 1,

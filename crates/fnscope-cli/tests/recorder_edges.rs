@@ -441,6 +441,47 @@ fn dev_shm_smaller_than_the_buffer_is_not_a_crash() {
     assert_eq!(calls_of(&report(&trace).unwrap(), "fib_threads", "fib").0, 4 * 635_621);
 }
 
+/// A trace folder on a file system that fills up (here a 2 MiB tmpfs, in a mount namespace
+/// of its own) stops the trace, not the program: before, the recorder quit at the first
+/// failed write, the program ran on orphaned, and the trace had no END chunk (times in
+/// uncalibrated ticks). Now the program's output and end are as without fnscope (exit code 2
+/// after a clean exit, as a failed upload), and the trace, cut after its last whole chunk
+/// and ended, reads with its clock and says what is missing.
+#[test]
+fn full_disk_stops_the_trace_not_the_program() {
+    let dir = TempDir::new("full-disk");
+    // 7,049,155 calls of fib: a trace of more than 3 MiB.
+    let prog = compile_c_text(dir.path(), "fib32", "long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nint main(void) { return fib(32) != 2178309; }\n");
+    let small = dir.join("small");
+    fs::create_dir_all(&small).unwrap();
+    let trace = small.join("t");
+    let script = format!(
+        "mount -t tmpfs -o size=2m fnscope-test '{}' || exit 99; '{}' record -o '{}' -- '{}'; code=$?; cp -r '{}' '{}'; exit $code",
+        path_str(&small),
+        fnscope(),
+        path_str(&trace),
+        path_str(&prog),
+        path_str(&trace),
+        path_str(&dir.join("kept"))
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(if is_root() { &["-m"][..] } else { &["-U", "-r", "-m"][..] }).args(["sh", "-c", &script]).current_dir(dir.path());
+    let r = run(&mut cmd, b"", TIMEOUT);
+    assert_ne!(r.code, 99, "no tmpfs could be mounted in a mount namespace of its own:\n{}", r.describe());
+    assert_eq!(r.code, 2, "{}", r.describe());
+    assert!(r.stderr.contains("No space left on device") && r.stderr.contains("the program runs on"), "{}", r.stderr);
+    let kept = dir.join("kept");
+    let (calls, _) = calls_of(&report(&kept).unwrap(), "fib32", "fib");
+    assert!(calls > 0 && calls < 7_049_155, "{calls} calls of fib in the trace");
+    let shown = fnscope_cmd(&["report", "-i", path_str(&kept)]);
+    assert_eq!(shown.code, 0, "{}", shown.describe());
+    assert!(shown.stderr.contains("could not write the trace to the end (No space left on device"), "{}", shown.stderr);
+    assert!(!shown.stderr.contains("not calibrated"), "the trace was ended: {}", shown.stderr);
+    // main returns last: it is among the calls not written.
+    let missing = 7_049_155 + 1 - calls;
+    assert!(shown.stderr.contains(&format!(": {missing} calls made after that are missing")), "fib's and main's calls not written: {}", shown.stderr);
+}
+
 /// An address space limited below the shared buffer's size is an error that says so, with
 /// the size and what to do, not a bare "Cannot allocate memory".
 #[test]

@@ -13,8 +13,10 @@ mod compact;
 mod events;
 mod image;
 mod segment;
+mod torn;
 
 pub use compact::{compact, Compacted};
+pub use torn::end_torn_trace;
 
 pub use image::{FuncEntry, ImageTable, ModuleEntry, SkipEntry, ValuesEntry};
 
@@ -263,6 +265,12 @@ pub struct EndInfo {
     /// Names of the traced threads, as the recorder last read them (`/proc/PID/task/TID/comm`)
     /// while they ran; threads that ended before it looked have none.
     pub threads: Vec<ThreadName>,
+    /// Why the recorder stopped writing the trace before the program ended (a full disk):
+    /// the trace holds the calls written before, and `unwritten_calls` more were made after.
+    pub write_error: Option<String>,
+    /// Calls recorded after the trace file could no longer be written ([`EndInfo::write_error`]):
+    /// not in the trace.
+    pub unwritten_calls: u64,
 }
 
 /// A thread's name, in [`EndInfo::threads`].
@@ -551,7 +559,7 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 /// Writes a trace file chunk by chunk.
 pub struct TraceWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<TraceFile>,
     written: u64,
     payload: Vec<u8>,
     /// Uncompressed bytes of a COUNTS or SUMMARY chunk.
@@ -594,7 +602,7 @@ impl TraceWriter {
         let file = File::create(path).map_err(io_err("create", path))?;
         let mut w = TraceWriter {
             path: path.to_path_buf(),
-            out: BufWriter::with_capacity(1 << 20, file),
+            out: BufWriter::with_capacity(1 << 20, TraceFile { file, abandoned: false }),
             written: 0,
             payload: Vec::new(),
             columns: Vec::new(),
@@ -815,6 +823,33 @@ impl TraceWriter {
     /// recorder (not of the machine: no fsync).
     pub fn flush(&mut self) -> Result<(), FormatError> {
         self.out.flush().map_err(io_err("write", &self.path))
+    }
+
+    /// Drops what the writer holds without writing it, after a write failed (a full disk):
+    /// flushed later, when room was made ([`end_torn_trace`]), it would land past the end
+    /// the file was given. Nothing is written after this.
+    pub fn abandon(&mut self) {
+        self.out.get_mut().abandoned = true;
+    }
+}
+
+/// The trace file under a [`TraceWriter`]'s buffer, which writes nothing once the writer is
+/// abandoned ([`TraceWriter::abandon`]).
+struct TraceFile {
+    file: File,
+    abandoned: bool,
+}
+
+impl Write for TraceFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.abandoned {
+            return Ok(buf.len());
+        }
+        self.file.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }
 

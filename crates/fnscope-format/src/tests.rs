@@ -186,6 +186,35 @@ fn truncated_file_yields_complete_chunks() {
     assert!(truncated && chunks.is_empty());
 }
 
+/// A trace whose writing failed inside a chunk (a full disk) is cut after its last whole
+/// chunk and ended: every whole chunk reads as written, the END chunk says what is missing,
+/// and the file is no longer truncated. Cut at a chunk boundary, nothing is lost.
+#[test]
+fn torn_trace_is_cut_and_ended() {
+    let dir = tmpdir("torn");
+    let (path, _) = write_sample(&dir);
+    let (all, _) = read_all(&path).unwrap();
+    let full = std::fs::read(&path).unwrap();
+    let offsets = chunk_offsets(&full);
+    let (last_events, end_at) = (offsets[offsets.len() - 2], offsets[offsets.len() - 1]);
+    let end = EndInfo { write_error: Some("No space left on device".into()), unwritten_calls: 12, ..sample_end() };
+    for (cut, whole_chunks) in [(last_events + 20, all.len() - 2), (end_at, all.len() - 1)] {
+        std::fs::write(&path, &full[..cut]).unwrap();
+        let kept = if cut == end_at { end_at } else { last_events };
+        let len = end_torn_trace(&path, |at| {
+            assert_eq!(at as usize, kept, "cut at {cut}");
+            end.clone()
+        })
+        .unwrap();
+        assert_eq!(len, std::fs::metadata(&path).unwrap().len());
+        let (chunks, truncated) = read_all(&path).unwrap();
+        assert!(!truncated, "cut at {cut}");
+        assert_eq!(&chunks[..whole_chunks], &all[..whole_chunks], "cut at {cut}");
+        assert_eq!(chunks.len(), whole_chunks + 1, "cut at {cut}");
+        assert!(matches!(&chunks[whole_chunks], Chunk::End(e) if *e == end), "cut at {cut}");
+    }
+}
+
 #[test]
 fn refuses_other_files_and_versions() {
     let dir = tmpdir("refuse");
