@@ -8,7 +8,7 @@ Environment:
   BENCH_RUNS=N      timed rounds (default 5); every configuration runs once per round, the
                     configurations alternating, and the table gives median (min-max)
   BENCH_ONLY=a,b    only these workloads (names as in the table: fib, smallfuncs, virtual,
-                    threads-1, threads-2, threads-4, threads-8, python, trivial)
+                    threads-1, threads-2, threads-4, threads-8, churn, python, trivial)
   BENCH_TIMEOUT=S   give up on one run after S seconds (default 600)
   FNSCOPE=PATH      the fnscope binary (default target/release/fnscope)
   UFTRACE=PATH      the uftrace binary (default: uftrace on PATH, installed when missing)
@@ -66,12 +66,13 @@ def env_int(name, default):
 
 class Workload:
     def __init__(self, name, exe, args, startup_args, pg_exe=None, expected_known=True,
-                 desc=""):
+                 desc="", no_uftrace=None):
         self.name = name
         self.exe = exe              # binary built with -O2 (or the real program)
         self.args = args            # arguments of the measured run
         self.startup_args = startup_args  # arguments of the start-up run (returns at once)
         self.pg_exe = pg_exe        # -pg build for plain `uftrace record`, or None
+        self.no_uftrace = no_uftrace  # why uftrace is not run on it, or None
         self.expected_known = expected_known
         self.desc = desc
 
@@ -84,6 +85,7 @@ def build_workloads(python311):
         ("smallfuncs", "smallfuncs.c", "gcc", []),
         ("virtual", "virtual.cpp", "g++", []),
         ("threads", "threads.c", "gcc", ["-pthread"]),
+        ("churn", "churn.c", "gcc", ["-pthread"]),
         ("trivial", "trivial.c", "gcc", []),
     ]
     for name, src, cc, extra in sources:
@@ -117,6 +119,10 @@ def build_workloads(python311):
         ws.append(Workload("threads-%d" % t, b("threads"), [str(t), "3000000"], [str(t), "0"],
                            b("threads.pg"),
                            desc="the same 3M-iteration call loop split over %d thread(s)" % t))
+    ws.append(Workload("churn", b("churn"), ["20000"], ["0"], b("churn.pg"),
+                       desc="80,000 threads, 4 at a time, of 6 calls each",
+                       no_uftrace="`uftrace report` takes minutes over tens of thousands of "
+                                  "tasks (and uftrace kept 288,630 of the 480,000 calls)"))
     ws.append(Workload("python", python311, [os.path.join(WL, "pybench.py")], ["-c", "pass"],
                        None, expected_known=False,
                        desc="Debian's python3.11 running bench/workloads/pybench.py"))
@@ -273,6 +279,8 @@ class Uftrace(Config):
     def applicable(self, w):
         if self.uftrace is None:
             return "uftrace not installed"
+        if w.no_uftrace:
+            return w.no_uftrace
         if self.pg and w.pg_exe is None:
             return "no -pg build of %s" % os.path.basename(w.exe)
         return None
