@@ -50,11 +50,26 @@ pub struct RecordOptions {
 
 /// `MONO_ENV_OPTIONS` with Mono's inliner turned off, keeping the options the user set.
 fn mono_no_inline(old: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
+    with_option(old, " ", "-O=-inline")
+}
+
+/// `ASAN_OPTIONS` that let AddressSanitizer run with fnscope's agent loaded first: its
+/// runtime checks that it is the first library loaded and ends the program otherwise, and
+/// `LD_PRELOAD` puts the agent first. Nothing the agent interposes (`dlopen`, `prctl`, the
+/// `exec` family) is lost to it: each calls on to the next definition, ASan's interceptor
+/// where it has one. The user's options are kept.
+fn asan_options(old: Option<&std::ffi::OsStr>) -> std::ffi::OsString {
+    with_option(old, ":", "verify_asan_link_order=0")
+}
+
+/// The option list `old` (of an environment variable, items separated by `sep`) with `opt`
+/// added last, where it overrides an earlier setting of the same option.
+fn with_option(old: Option<&std::ffi::OsStr>, sep: &str, opt: &str) -> std::ffi::OsString {
     let mut v = old.map(std::ffi::OsStr::to_os_string).unwrap_or_default();
     if !v.is_empty() {
-        v.push(" ");
+        v.push(sep);
     }
-    v.push("-O=-inline");
+    v.push(opt);
     v
 }
 
@@ -1577,6 +1592,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     cmd.arg0(name)
         .args(&opts.command[1..])
         .env("LD_PRELOAD", preload)
+        .env("ASAN_OPTIONS", asan_options(std::env::var_os("ASAN_OPTIONS").as_deref()))
         .env(fnscope_abi::ENV_SHM, &region.path)
         .env(fnscope_abi::ENV_DIR, &dir)
         .env(fnscope_abi::ENV_LIBS, opts.libs.join(","));

@@ -1532,3 +1532,42 @@ fn a_program_that_turns_the_time_stamp_counter_off() {
         timed.describe()
     );
 }
+
+/// A program built with AddressSanitizer runs traced as natively. ASan ends a program whose
+/// first library loaded is not its runtime, and `LD_PRELOAD` loads fnscope's agent first: the
+/// recorder turns that check off (`ASAN_OPTIONS`). The calls are recorded, and a heap overflow
+/// is reported as natively: the same stacks of the access and the allocation, the same exit
+/// code.
+#[test]
+fn address_sanitizer_programs_run_traced() {
+    let dir = TempDir::new("asan");
+    let src = dir.join("asan.c");
+    fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         __attribute__((noinline)) int f(int x) { return x * 2 + 1; }\n\
+         __attribute__((noinline)) int bad(int n) { int *p = malloc(4 * sizeof(int)); int r = p[n]; free(p); return r; }\n\
+         int main(int argc, char **argv) { long s = 0; for (int i = 0; i < 1000; i++) s += f(i);\n\
+         printf(\"%ld\\n\", s); fflush(stdout); return argc > 1 ? bad(argc + 2) : 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.join("asan");
+    let built = Command::new("gcc").args(["-O1", "-g", "-fsanitize=address", "-o"]).arg(&exe).arg(&src).output().expect("run gcc");
+    assert!(built.status.success(), "gcc -fsanitize=address failed (libasan is part of gcc):\n{}", String::from_utf8_lossy(&built.stderr));
+    // The report's stack lines without their addresses, which differ from run to run.
+    let stacks = |stderr: &str| -> Vec<String> {
+        stderr.lines().filter(|l| l.trim_start().starts_with('#')).map(|l| l.split_whitespace().filter(|w| !w.starts_with("0x")).collect::<Vec<_>>().join(" ")).collect()
+    };
+    for args in [vec![], vec!["overflow".to_string()]] {
+        let inv = Invocation { args: args.clone(), ..Invocation::new(&exe, dir.path()) };
+        let native = inv.run_native();
+        let trace = dir.join(format!("t{}", args.len()));
+        let traced = inv.run_recorded(&trace);
+        assert_eq!((traced.code, &traced.stdout), (native.code, &native.stdout), "{args:?}: {}", traced.describe());
+        assert_eq!(native.stdout, "1000000\n");
+        assert_eq!(stacks(&program_stderr(&traced.stderr)), stacks(&native.stderr), "{args:?}");
+        assert_eq!(calls_of(&report(&trace).unwrap(), "asan", "f").0, 1000, "{args:?}");
+    }
+    let overflow = Invocation { args: vec!["overflow".into()], ..Invocation::new(&exe, dir.path()) }.run_native();
+    assert!(overflow.code != 0 && overflow.stderr.contains("heap-buffer-overflow") && stacks(&overflow.stderr).len() >= 4, "{}", overflow.describe());
+}
