@@ -228,8 +228,8 @@ fn check_program(path: &Path) -> Result<()> {
     if let Some(why) = secure_mode_reason(path, &md) {
         bail!(
             "{shown} {why}: the loader runs it in secure mode and ignores LD_PRELOAD, so fnscope's agent would not load \
-             and the trace would be empty. Record it as the file's owner or as root, or record a copy without the bit \
-             (`cp {shown} /tmp/` drops it)"
+             and the trace would be empty. Record it as root (a set-user-ID or set-group-ID one also as its owner or \
+             group), or record a copy without the bit or the capabilities (`cp {shown} /tmp/` drops them)"
         );
     }
     let facts = fnscope_symbols::program_facts(path).map_err(|e| anyhow!("{shown} cannot be read as a program: {e}"))?;
@@ -252,15 +252,17 @@ fn check_program(path: &Path) -> Result<()> {
 
 /// Why `execve` of `path` by this process would set AT_SECURE (the loader's secure mode, in
 /// which LD_PRELOAD is ignored): a set-user-ID bit with an owner other than our effective
-/// uid, or a set-group-ID bit (with group execute, as the kernel requires) with a group other
-/// than our effective gid. `None` when the bits would not take effect: a `nosuid` mount, or
+/// uid, a set-group-ID bit (with group execute, as the kernel requires) with a group other
+/// than our effective gid, or file capabilities (`setcap`) that would raise a process whose
+/// real uid is not root. `None` when the bits would not take effect: a `nosuid` mount, or
 /// `no_new_privs` set on this process.
 fn secure_mode_reason(path: &Path, md: &std::fs::Metadata) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let mode = md.mode();
     let setuid = mode & libc::S_ISUID != 0;
     let setgid = mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP);
-    if !setuid && !setgid {
+    let caps = raised_by_file_caps(path);
+    if !setuid && !setgid && caps.is_none() {
         return None;
     }
     // SAFETY: prctl(PR_GET_NO_NEW_PRIVS) only reads a flag of this process.
@@ -282,7 +284,31 @@ fn secure_mode_reason(path: &Path, md: &std::fs::Metadata) -> Option<String> {
     if setgid && md.gid() != egid {
         return Some(format!("is set-group-ID (group gid {}, you run as gid {egid})", md.gid()));
     }
-    None
+    caps
+}
+
+/// Whether the file capabilities of `path` would raise this process when it runs it: as the
+/// kernel decides (`cap_bprm_creds_from_file`), a process whose real uid is not root is
+/// raised by a file whose capabilities are marked effective, or permit one it does not hold.
+/// Says which, for the error.
+fn raised_by_file_caps(path: &Path) -> Option<String> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())).ok()?;
+    let mut xattr = [0u8; 24];
+    // SAFETY: `c` and the attribute name are NUL-terminated; the kernel writes at most
+    // `xattr.len()` bytes.
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"security.capability".as_ptr(), xattr.as_mut_ptr().cast(), xattr.len()) };
+    // SAFETY: getuid cannot fail.
+    if n < 12 || unsafe { libc::getuid() } == 0 {
+        return None;
+    }
+    let word = |at: usize| u32::from_le_bytes(xattr[at..at + 4].try_into().expect("4 bytes"));
+    // vfs_cap_data: magic and flags, then permitted and inheritable, low words first; the
+    // high words from revision 2 on.
+    let (magic, effective) = (word(0), word(0) & 1 != 0);
+    let permitted = u64::from(word(4)) | if magic >> 24 >= 2 && n >= 20 { u64::from(word(12)) << 32 } else { 0 };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let held = status.lines().find_map(|l| l.strip_prefix("CapPrm:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
+    (effective || permitted & !held != 0).then(|| format!("has file capabilities (setcap, {permitted:#x}) that you do not hold"))
 }
 
 /// The name of the lock file in a trace folder.

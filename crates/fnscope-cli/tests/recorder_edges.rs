@@ -257,6 +257,39 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// A program with file capabilities (`setcap`) that the caller does not hold runs in the
+/// loader's secure mode, which ignores LD_PRELOAD: refused with the reason, as a set-user-ID
+/// program is, where it ran untraced and the trace said only that nothing was hooked. Root
+/// records it.
+#[test]
+fn program_with_file_capabilities_is_refused() {
+    let dir = TempDir::new("setcap");
+    chmod(dir.path(), 0o755);
+    let prog = if is_root() {
+        let prog = compile_c_text(dir.path(), "trivial", TRIVIAL);
+        chmod(&prog, 0o755);
+        let set = Command::new("setcap").args(["cap_net_raw+ep"]).arg(&prog).output().expect("run setcap (apt-get install libcap2-bin)");
+        assert!(set.status.success(), "setcap failed: {}", String::from_utf8_lossy(&set.stderr));
+        let r = Invocation::new(&prog, dir.path()).run_recorded(&dir.join("root"));
+        assert_eq!(r.code, 0, "root holds every capability: {}", r.describe());
+        assert_eq!(calls_of(&report(&dir.join("root")).unwrap(), "trivial", "f").0, 1);
+        prog
+    } else {
+        // Without root no file gets capabilities: a program of the system that has some.
+        ["ping", "mtr-packet", "arping"]
+            .iter()
+            .filter_map(|n| find_in_path(n))
+            .find(|p| Command::new("getcap").arg(p).output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cap_")))
+            .expect("no program with file capabilities on PATH (ping): run the tests as root")
+    };
+    let out = dir.join("out");
+    fs::create_dir_all(&out).unwrap();
+    chmod(&out, 0o777);
+    let r = if is_root() { record_as_nobody(&dir, &out.join("caps"), &prog) } else { Invocation::new(&prog, dir.path()).run_recorded(&out.join("caps")) };
+    let line = assert_one_line_error(&r, "record a program with file capabilities");
+    assert!(line.contains(path_str(&prog)) && line.contains("file capabilities") && line.contains("LD_PRELOAD"), "{line}");
+}
+
 /// Item 18: a set-user-ID or set-group-ID program that the loader would run in secure mode
 /// (where it ignores LD_PRELOAD) is refused with the reason and what to do; root recording
 /// its own set-user-ID program is not.
