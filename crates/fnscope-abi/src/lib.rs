@@ -40,7 +40,7 @@ pub const CODE_CACHE_PREFIX: &str = "code-";
 /// `RegionHeader::magic`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"FNSCSHM1");
 /// Version of the shared-region layout; the agent refuses a region of another version.
-pub const REGION_VERSION: u32 = 5;
+pub const REGION_VERSION: u32 = 6;
 /// Size of the region header; chunks start at this offset.
 pub const REGION_HEADER_SIZE: usize = 4096;
 /// Chunk size (header included) of a recording that writes a trace. The recorder's cost per
@@ -90,6 +90,9 @@ pub struct RegionHeader {
     pub snapshot_requests: u32,
     /// Flight recorder: snapshot requests the recorder has answered (written or refused).
     pub snapshots_answered: u32,
+    /// Process images whose agent mapped the region and then gave up setting up (an image
+    /// table it could not write: a full disk), so that they ran untraced.
+    pub untraced_images: u32,
 }
 
 /// Bytes of one shadow-stack slot: a [`SlotHead`] and the thread's state in the first page,

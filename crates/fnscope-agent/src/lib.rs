@@ -198,6 +198,7 @@ fn start(envp: *const *const libc::c_char) {
     }
     if let Err(e) = setup(settings) {
         warn(&format!("tracing disabled in pid {}: {e}", sys::getpid()));
+        region::add_untraced();
     }
 }
 
@@ -341,7 +342,11 @@ impl Tracer {
         let images = self.dir.join("images");
         sys::mkdir(&images).map_err(|e| format!("{}: {e}", images.display()))?;
         let tmp = images.join(format!("{}.txt.tmp{}", self.sid, self.pid));
-        sys::write_file(&tmp, self.table.text().as_bytes()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        sys::write_file(&tmp, self.table.text().as_bytes()).map_err(|e| {
+            // What was written of it is of no use, and the room it takes may be all there was.
+            sys::unlink(&tmp);
+            format!("{}: {e}", tmp.display())
+        })?;
         sys::rename(&tmp, &images.join(format!("{}.txt", self.sid))).map_err(|e| format!("{}: {e}", tmp.display()))
     }
 }

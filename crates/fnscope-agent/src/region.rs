@@ -317,6 +317,15 @@ fn scratch() -> Option<Taken> {
     Some(Taken { chunk: c as *mut ChunkHeader, start: s, end: s + (capacity() * RECORD_SIZE) as u64 })
 }
 
+/// Counts a process image that runs untraced after its agent mapped the region (see
+/// `RegionHeader::untraced_images`).
+pub fn add_untraced() {
+    if attached() {
+        // SAFETY: aligned u32 inside the mapped header.
+        unsafe { AtomicU32::from_ptr(core::ptr::addr_of_mut!((*header()).untraced_images)) }.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Counts a return that matched no shadow-stack entry.
 pub fn add_unmatched() {
     if attached() {

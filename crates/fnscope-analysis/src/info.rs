@@ -207,6 +207,7 @@ pub fn render_info_text(i: &Info) -> String {
             (Some(EndInfo { write_error: Some(why), unwritten_calls, .. }), _) => {
                 format!("no, the recorder could not write it to the end ({why}): {unwritten_calls} calls made after that are missing")
             }
+            (Some(EndInfo { untraced_images: n @ 1.., .. }), _) => format!("no, {n} process image(s) ran untraced (their agent could not set up)"),
             (_, true) => "no, the trace ended abruptly".to_string(),
             (_, false) => "yes".to_string(),
         }

@@ -353,6 +353,14 @@ fn pass(
         );
     }
     if let Some(e) = &t.end {
+        if e.untraced_images > 0 {
+            t.truncated = true;
+            t.warnings.push(format!(
+                "{} process image(s) ran untraced (their agent could not set up, for instance \
+                 with the disk full): their calls are not in this trace",
+                e.untraced_images
+            ));
+        }
         if let Some(why) = &e.write_error {
             t.truncated = true;
             t.warnings.push(format!(

@@ -649,6 +649,12 @@ impl Region {
         unsafe { self.map.as_ptr().add(fnscope_abi::stack_slot_offset(self.chunk_size, self.nchunks, i)) as *mut u8 }
     }
 
+    /// See `RegionHeader::untraced_images`.
+    fn untraced_images(&self) -> u32 {
+        // SAFETY: aligned u32 in the header, updated by agents atomically.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.header()).untraced_images)) }.load(Ordering::Relaxed)
+    }
+
     fn unmatched_returns(&self) -> u64 {
         // SAFETY: aligned u64 in the header, updated by agents atomically.
         unsafe { std::sync::atomic::AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header()).unmatched_returns)) }
@@ -1824,6 +1830,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         killed_by_signal,
         lost_records: lost,
         unmatched_returns: rec.region.unmatched_returns(),
+        untraced_images: rec.region.untraced_images(),
         processes: rec.pids.iter().copied().collect(),
         threads: rec
             .thread_names
@@ -1892,7 +1899,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let _ = std::fs::remove_dir_all(dir.join("counts"));
     let per_call = if rec.calls > 0 { format!(" ({:.1} bytes/call)", bytes as f64 / rec.calls as f64) } else { String::new() };
     let lost_note = if lost > 0 { format!(", {lost} calls lost (buffers full)") } else { String::new() };
-    if hooked == 0 {
+    let untraced = rec.region.untraced_images();
+    // An image that ran untraced has no table: the warning below says why.
+    if hooked == 0 && untraced == 0 {
         let filters = &opts.filters;
         let filtered = if filters.filter.is_empty() && filters.exclude.is_empty() {
             ""
@@ -1903,6 +1912,12 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             "fnscope: warning: no function could be hooked, so no call was recorded; `fnscope funcs {}` lists the functions \
              found in the program and why each was left out{filtered}",
             program.display()
+        );
+    }
+    if untraced > 0 {
+        eprintln!(
+            "fnscope: warning: {untraced} process image(s) ran untraced: their agent could not set up (the messages above say why); \
+             their calls are not in the trace"
         );
     }
     let unmatched = rec.region.unmatched_returns();

@@ -427,6 +427,25 @@ fn full_buffer_drops_and_counts_as_the_help_says() {
     assert!(f_calls < 48, "f's lost calls are not in the trace: {f_calls}");
 }
 
+/// A folder `small` in `dir` and the shell command that mounts a tmpfs of `size` on it (for
+/// [`in_mount_namespace`]).
+fn tmpfs_folder(dir: &TempDir, size: &str) -> (PathBuf, String) {
+    let small = dir.join("small");
+    fs::create_dir_all(&small).unwrap();
+    let mount = format!("mount -t tmpfs -o size={size} fnscope-test '{}' || exit 99", path_str(&small));
+    (small, mount)
+}
+
+/// Runs the shell `script`, which mounts what it needs and exits with 99 when it cannot, in a
+/// mount namespace of its own (with a user namespace of its own when not root), in `dir`.
+fn in_mount_namespace(dir: &TempDir, script: &str) -> Run {
+    let mut cmd = Command::new("unshare");
+    cmd.args(if is_root() { &["-m"][..] } else { &["-U", "-r", "-m"][..] }).args(["sh", "-c", script]).current_dir(dir.path());
+    let r = run(&mut cmd, b"", TIMEOUT);
+    assert_ne!(r.code, 99, "nothing could be mounted in a mount namespace of its own (unshare -m):\n{}", r.describe());
+    r
+}
+
 /// Four threads of fib(27), 635,621 calls each, at once: more records than the recorder
 /// copies as they come on two processors, so that the shared buffer fills well past a few
 /// chunks.
@@ -462,10 +481,7 @@ fn dev_shm_smaller_than_the_buffer_is_not_a_crash() {
         path_str(&trace),
         path_str(&prog)
     );
-    let mut cmd = Command::new("unshare");
-    cmd.args(if is_root() { &["-m"][..] } else { &["-U", "-r", "-m"][..] }).args(["sh", "-c", &script]).current_dir(dir.path());
-    let r = run(&mut cmd, b"", TIMEOUT);
-    assert_ne!(r.code, 99, "no tmpfs could be mounted on /dev/shm in a mount namespace of its own:\n{}", r.describe());
+    let r = in_mount_namespace(&dir, &script);
     assert_eq!((r.code, &r.stdout), (0, &native.stdout), "{}", r.describe());
     assert!(r.stderr.contains("/dev/shm has room for 16 MiB") && r.stderr.contains("memory of its own"), "{}", r.stderr);
     // Without the agent's lines of -v, which say "functions hooked" too.
@@ -485,22 +501,17 @@ fn full_disk_stops_the_trace_not_the_program() {
     let dir = TempDir::new("full-disk");
     // 7,049,155 calls of fib: a trace of more than 3 MiB.
     let prog = compile_c_text(dir.path(), "fib32", "long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nint main(void) { return fib(32) != 2178309; }\n");
-    let small = dir.join("small");
-    fs::create_dir_all(&small).unwrap();
+    let (small, mount) = tmpfs_folder(&dir, "2m");
     let trace = small.join("t");
     let script = format!(
-        "mount -t tmpfs -o size=2m fnscope-test '{}' || exit 99; '{}' record -o '{}' -- '{}'; code=$?; cp -r '{}' '{}'; exit $code",
-        path_str(&small),
+        "{mount}; '{}' record -o '{}' -- '{}'; code=$?; cp -r '{}' '{}'; exit $code",
         fnscope(),
         path_str(&trace),
         path_str(&prog),
         path_str(&trace),
         path_str(&dir.join("kept"))
     );
-    let mut cmd = Command::new("unshare");
-    cmd.args(if is_root() { &["-m"][..] } else { &["-U", "-r", "-m"][..] }).args(["sh", "-c", &script]).current_dir(dir.path());
-    let r = run(&mut cmd, b"", TIMEOUT);
-    assert_ne!(r.code, 99, "no tmpfs could be mounted in a mount namespace of its own:\n{}", r.describe());
+    let r = in_mount_namespace(&dir, &script);
     assert_eq!(r.code, 2, "{}", r.describe());
     assert!(r.stderr.contains("No space left on device") && r.stderr.contains("the program runs on"), "{}", r.stderr);
     let kept = dir.join("kept");
@@ -513,6 +524,35 @@ fn full_disk_stops_the_trace_not_the_program() {
     // main returns last: it is among the calls not written.
     let missing = 7_049_155 + 1 - calls;
     assert!(shown.stderr.contains(&format!(": {missing} calls made after that are missing")), "fib's and main's calls not written: {}", shown.stderr);
+}
+
+/// An agent that cannot write its image table (the trace folder's file system full from the
+/// start: a 128 KiB tmpfs, in a mount namespace of its own) leaves its process untraced, which
+/// the program does not notice; the trace said it was complete, and `record` that no function
+/// could be hooked. Now the summary, `info` and the views say that a process image ran
+/// untraced, and why is on the agent's line.
+#[test]
+fn untraced_process_images_are_counted() {
+    let python = Path::new("/usr/bin/python3.11");
+    assert!(python.exists(), "python3.11 is needed (.ci/run installs it)");
+    let dir = TempDir::new("untraced");
+    let (small, mount) = tmpfs_folder(&dir, "128k");
+    let trace = small.join("t");
+    let script = format!(
+        "{mount}; '{}' record -o '{}' -- {} -c 'print(42)'; code=$?; '{}' info -i '{}'; exit $code",
+        fnscope(),
+        path_str(&trace),
+        path_str(python),
+        fnscope(),
+        path_str(&trace)
+    );
+    let r = in_mount_namespace(&dir, &script);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(r.stdout.starts_with("42\n"), "{}", r.describe());
+    assert!(r.stdout.contains("complete:         no, 1 process image(s) ran untraced"), "{}", r.stdout);
+    assert!(r.stderr.contains("tracing disabled in pid") && r.stderr.contains("No space left on device"), "{}", r.stderr);
+    assert!(r.stderr.contains("1 process image(s) ran untraced"), "{}", r.stderr);
+    assert!(!r.stderr.contains("no function could be hooked"), "{}", r.stderr);
 }
 
 /// An address space limited below the shared buffer's size is an error that says so, with

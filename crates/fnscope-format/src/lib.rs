@@ -271,6 +271,9 @@ pub struct EndInfo {
     /// Calls recorded after the trace file could no longer be written ([`EndInfo::write_error`]):
     /// not in the trace.
     pub unwritten_calls: u64,
+    /// Process images that ran untraced because their agent could not set up after it had
+    /// begun (an image table it could not write: a full disk); their calls are not in the trace.
+    pub untraced_images: u32,
 }
 
 /// A thread's name, in [`EndInfo::threads`].
