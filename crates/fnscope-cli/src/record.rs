@@ -798,12 +798,15 @@ const IMAGE_LOOK: Duration = Duration::from_millis(5);
 /// place within this long of the last change is looked for again.
 const MTIME_TICK: Duration = Duration::from_millis(20);
 
-/// How long the loop naps while the program hands chunks over: a quarter of the time the
-/// program would lately have taken to fill one, between 5 us and 1 ms. Counted in records,
-/// not chunks: a thread that ends hands over its last chunk with what it holds, and a
-/// program that starts and ends threads by the thousand made the loop nap for microseconds
-/// after each of their few records (80,000 threads of six calls: 3.3-4.0 s traced against
-/// 1.4 s natively, 2.0-2.1 s with naps counted in records).
+/// How long the loop naps while the program hands chunks over: the time the program would
+/// lately have taken to fill one, between 5 us and 1 ms. A quarter of it woke the loop four
+/// times a chunk, and each wake-up is a system call, a timer and two context switches: fib's
+/// whole-tree CPU fell by about 1.3 ns a call (`bench/ab.py`, 10 rounds of 11) with
+/// the program's own cost unchanged; twice the time made the program slower (+0.3 ns, 0 of
+/// 11) for nothing. Counted in records, not chunks: a thread that ends hands over its last
+/// chunk with what it holds, and a program that starts and ends threads by the thousand made
+/// the loop nap for microseconds after each of their few records (80,000 threads of six
+/// calls: 3.3-4.0 s traced against 1.4 s natively, 2.0-2.1 s with naps counted in records).
 struct Naps {
     /// Moving average of the time per record, in ns (0 until measured).
     per_record_ns: f64,
@@ -823,7 +826,7 @@ impl Naps {
     }
 
     fn short(&self) -> Duration {
-        Duration::from_nanos((self.per_record_ns * self.chunk_records as f64 / 4.0) as u64).clamp(Duration::from_micros(5), Duration::from_millis(1))
+        Duration::from_nanos((self.per_record_ns * self.chunk_records as f64) as u64).clamp(Duration::from_micros(5), Duration::from_millis(1))
     }
 }
 
@@ -1788,11 +1791,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 rec.or_fail(copied);
                 last_image_look = Instant::now();
             }
-            // While the program hands chunks over, come back soon: a chunk freed at once is
-            // the one it takes next, still warm in its cache (with the quick copies of flight
-            // mode, a 1 ms nap cost the program a fifth of its speed), but not much sooner
-            // than the next one can be full: each nap is a system call and a timer, and naps
-            // of 5 us were a fifth of the recorder's time. An idle program gets the long nap.
+            // While the program hands chunks over, come back when the next one can be full:
+            // a chunk freed then is the one it takes after that, still warm in its cache
+            // (with the quick copies of flight mode, a 1 ms nap cost the program a fifth of
+            // its speed), and each nap is a system call and a timer (naps of 5 us were a
+            // fifth of the recorder's time). An idle program gets the long nap.
             nap(if last_busy.is_some_and(|t| t.elapsed() < Duration::from_millis(20)) { naps.short() } else { Duration::from_millis(1) });
         }
     }
