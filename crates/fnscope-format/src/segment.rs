@@ -28,12 +28,12 @@ pub(crate) struct SegmentEncoder {
     scratch: events::ColumnScratch,
     /// The uncompressed varints of a CALLDATA chunk.
     data_varints: events::VarintBuf,
-    /// Compressor of EVENTS chunks (their structure columns from version 6 on), and of the
-    /// writer's COUNTS and SUMMARY chunks.
+    /// Compressor of EVENTS chunks before version 6, and of the writer's COUNTS and SUMMARY
+    /// chunks.
     zstd: zstd::bulk::Compressor<'static>,
-    /// Compressor of EVENTS chunks' time columns, for files of version 6 on, which store them
-    /// in a frame of their own (from version 7, a block per time stream).
-    time_zstd: Option<zstd::zstd_safe::CCtx<'static>>,
+    /// Compressors of EVENTS chunks' two frames, for files of version 6 on: the structure
+    /// columns, and the time columns (from version 7, a block per time stream).
+    frames: Option<(zstd::bulk::Compressor<'static>, zstd::zstd_safe::CCtx<'static>)>,
     /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
 }
@@ -48,8 +48,9 @@ impl SegmentEncoder {
             scratch: Default::default(),
             data_varints: Default::default(),
             zstd: events::compressor().map_err(io_err("set up compression for", path))?,
-            time_zstd: if version >= crate::TIME_FRAME_SINCE {
-                Some(events::time_compressor().map_err(io_err("set up compression for", path))?)
+            frames: if version >= crate::TIME_FRAME_SINCE {
+                let structure = events::structure_compressor().map_err(io_err("set up compression for", path))?;
+                Some((structure, events::time_compressor().map_err(io_err("set up compression for", path))?))
             } else {
                 None
             },
@@ -82,9 +83,9 @@ impl SegmentEncoder {
         let times = events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
         out.events.clear();
         out.events.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
-        let compressed = match &mut self.time_zstd {
-            Some(time_zstd) => append_frame(&mut self.zstd, &self.columns[..times[0]], &mut out.events)
-                .and_then(|()| append_blocks(time_zstd, &self.columns, &times, &mut out.events)),
+        let compressed = match &mut self.frames {
+            Some((structure, time)) => append_frame(structure, &self.columns[..times[0]], &mut out.events)
+                .and_then(|()| append_blocks(time, &self.columns, &times, &mut out.events)),
             None => append_frame(&mut self.zstd, &self.columns, &mut out.events),
         };
         compressed.map_err(io_err("compress records for", &self.path))
