@@ -48,6 +48,12 @@ pub const REGION_HEADER_SIZE: usize = 4096;
 /// with 64 KiB: with arguments recorded (four slots a call), 64 KiB chunks made the recorder
 /// the bottleneck of fib-like programs.
 pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 18;
+/// Chunks of a recording's shared buffer when the user does not size it (`--buffer-mb`): a
+/// thread holds one from its first call until it fills it or ends, so this many threads can
+/// be alive and making calls at once. The buffer is a sparse file: chunks never taken cost
+/// address space only, and a thread's chunk only the pages it writes. With 1,024, a program
+/// with 1,500 threads alive at once lost the calls of those that found none free.
+pub const DEFAULT_CHUNKS: u32 = 4096;
 /// Chunk size of a flight recording: its rings keep whole chunks, so smaller ones keep the
 /// last moments of a thread at a finer grain (`--flight=64K` keeps one).
 pub const FLIGHT_CHUNK_SIZE: u32 = 1 << 16;

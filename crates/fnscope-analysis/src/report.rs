@@ -430,7 +430,7 @@ pub fn report(path: &Path, per_thread: bool) -> Result<Report, AnalysisError> {
         r.warnings.push(format!(
             "{lost} records were lost because the shared buffer was full: those calls are \
              missing, and their callers' self times include them; record again with a bigger \
-             buffer"
+             --buffer-mb (each thread alive at once holds a chunk of it)"
         ));
     }
     r.threads = agg.thread_stats(&trace);

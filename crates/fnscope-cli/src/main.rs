@@ -46,11 +46,14 @@ enum Command {
         /// Also hook shared libraries whose path contains PATTERN (repeatable).
         #[arg(long = "lib", value_name = "PATTERN")]
         libs: Vec<String>,
-        /// Shared buffer size in MiB. When it is full, a thread that needs a new chunk waits
-        /// at most about 2 seconds for fnscope to free one, then drops its records: the program
-        /// runs on, and the calls lost are counted in the summary line and in `fnscope info`.
-        #[arg(long = "buffer-mb", default_value_t = 256)]
-        buffer_mb: u32,
+        /// Shared buffer size in MiB. A thread holds a chunk of it (256 KiB, 64 KiB with
+        /// --flight) from its first call; only the pages written take memory. When it is
+        /// full, a thread that needs a new chunk waits at most about 2 seconds for fnscope to
+        /// free one, then drops its records: the program runs on, and the calls lost are
+        /// counted in the summary line and in `fnscope info`. [default: 1024, or 256 with
+        /// --flight: 4,096 chunks, for 4,096 threads alive at once]
+        #[arg(long = "buffer-mb", value_name = "MIB")]
+        buffer_mb: Option<u32>,
         /// Say what the agent does in each process.
         #[arg(short, long)]
         verbose: bool,
@@ -77,9 +80,9 @@ enum Command {
         /// faster than they compress), write them to the trace uncompressed, so that the
         /// program does not wait; they are compressed when the program has ended. 0 writes
         /// every chunk uncompressed first; a large number never does. Not used by --flight,
-        /// which copies every chunk. [default: 4, or half the buffer while every processor is
-        /// busy: writing chunks uncompressed then costs the program more than it saves; and
-        /// 0 while a backlog lasts and a processor is free]
+        /// which copies every chunk. [default: 4, or half the buffer (at most 128 MiB of
+        /// chunks) while every processor is busy: writing chunks uncompressed then costs the
+        /// program more than it saves; and 0 while a backlog lasts and a processor is free]
         #[arg(long, value_name = "CHUNKS")]
         spill_after: Option<usize>,
         #[command(flatten)]
@@ -431,7 +434,10 @@ fn run(cli: Cli) -> Result<i32> {
             let values = values.check(count)?;
             let flight = flight.check(count)?;
             let chunk_size = if flight.is_some() { fnscope_abi::FLIGHT_CHUNK_SIZE } else { fnscope_abi::DEFAULT_CHUNK_SIZE };
-            let chunks = (u64::from(buffer_mb.max(2)) * (1 << 20) / u64::from(chunk_size)).clamp(2, u64::from(u32::MAX)) as u32;
+            let chunks = match buffer_mb {
+                Some(mb) => (u64::from(mb.max(2)) * (1 << 20) / u64::from(chunk_size)).clamp(2, u64::from(u32::MAX)) as u32,
+                None => fnscope_abi::DEFAULT_CHUNKS,
+            };
             let plan_cache = !no_cache;
             let trace = output.clone();
             let flight_mode = flight.is_some();

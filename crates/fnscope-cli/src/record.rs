@@ -36,7 +36,8 @@ pub struct RecordOptions {
     /// Turn Mono's inlining off (`MONO_ENV_OPTIONS`).
     pub mono_no_inline: bool,
     /// Full chunks left waiting beyond which the oldest are written uncompressed (RAW); by
-    /// default [`DEFAULT_SPILL_AFTER`], or half the region while every processor is busy.
+    /// default [`DEFAULT_SPILL_AFTER`], or half the region (at most [`SATURATED_HOLD_BYTES`])
+    /// while every processor is busy.
     pub spill_after: Option<usize>,
     /// Record-time filters.
     pub filters: RecordFilters,
@@ -903,12 +904,18 @@ struct Recorder {
 /// How long a FULL chunk with a slot not written yet waits for the stub that reserved it
 /// (see [`Recorder::hold_back`]): the stub writes as soon as the signal handler that
 /// interrupted it returns. The thread's later chunks wait with it, and a busy thread fills
-/// about 200 chunks in that time, a fifth of the default region.
+/// about 200 chunks in that time, a twentieth of the default region.
 const HOLE_WAIT: Duration = Duration::from_millis(50);
 
 /// Full chunks left waiting beyond which the recorder writes the oldest uncompressed, unless
 /// every processor is busy or the user says otherwise (`--spill-after`).
 pub const DEFAULT_SPILL_AFTER: usize = 4;
+
+/// While every processor is busy, chunks wait to be compressed up to half the buffer, but no
+/// more than this many bytes of them: what the buffer of 1,024 chunks held before it had room
+/// for a chunk per thread of programs with thousands (`fnscope_abi::DEFAULT_CHUNKS`), so
+/// that its memory stays what it was.
+const SATURATED_HOLD_BYTES: usize = 128 << 20;
 
 /// Passes of the recorder that must find more than [`DEFAULT_SPILL_AFTER`] chunks waiting
 /// before it spills every chunk ([`Backlog`]). After a nap the first pass may find that
@@ -1247,7 +1254,8 @@ impl Recorder {
             Some(n) => n,
             None if spill && self.backlog.spill_all() => 0,
             None if spill && full.len() > DEFAULT_SPILL_AFTER && saturated() => {
-                DEFAULT_SPILL_AFTER.max(self.region.nchunks as usize / 2)
+                let most = (SATURATED_HOLD_BYTES / self.region.chunk_size as usize).max(DEFAULT_SPILL_AFTER);
+                DEFAULT_SPILL_AFTER.max(self.region.nchunks as usize / 2).min(most)
             }
             None => DEFAULT_SPILL_AFTER,
         };
