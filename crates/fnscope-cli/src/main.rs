@@ -51,7 +51,8 @@ enum Command {
         /// full, a thread that needs a new chunk waits at most about 2 seconds for fnscope to
         /// free one, then drops its records: the program runs on, and the calls lost are
         /// counted in the summary line and in `fnscope info`. [default: 1024, or 256 with
-        /// --flight: 4,096 chunks, for 4,096 threads alive at once]
+        /// --flight: 4,096 chunks, for 4,096 threads alive at once; a quarter of that under an
+        /// address-space limit (ulimit -v) the whole buffer would take a quarter of]
         #[arg(long = "buffer-mb", value_name = "MIB")]
         buffer_mb: Option<u32>,
         /// Say what the agent does in each process.
@@ -436,7 +437,7 @@ fn run(cli: Cli) -> Result<i32> {
             let chunk_size = if flight.is_some() { fnscope_abi::FLIGHT_CHUNK_SIZE } else { fnscope_abi::DEFAULT_CHUNK_SIZE };
             let chunks = match buffer_mb {
                 Some(mb) => (u64::from(mb.max(2)) * (1 << 20) / u64::from(chunk_size)).clamp(2, u64::from(u32::MAX)) as u32,
-                None => fnscope_abi::DEFAULT_CHUNKS,
+                None => record::default_chunks(chunk_size),
             };
             let plan_cache = !no_cache;
             let trace = output.clone();

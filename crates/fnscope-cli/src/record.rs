@@ -597,7 +597,7 @@ impl Region {
         // SAFETY: a file we just created and own; nobody else maps it until the program starts.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.with_context(|| {
             format!(
-                "cannot map the shared buffer ({} MiB: {} of chunks, {} of call stacks), which every traced process maps too; if the address space is limited (ulimit -v), raise the limit by that much, or make the chunks smaller with --buffer-mb",
+                "cannot map the shared buffer ({} MiB: {} of chunks, {} of call stacks), which every traced process maps too; if the address space is limited (ulimit -v), raise the limit by that much, or record with a smaller --buffer-mb",
                 size >> 20,
                 (fnscope_abi::chunk_offset(chunk_size, nchunks) as u64) >> 20,
                 (size - fnscope_abi::chunk_offset(chunk_size, nchunks) as u64) >> 20
@@ -906,6 +906,26 @@ struct Recorder {
 /// interrupted it returns. The thread's later chunks wait with it, and a busy thread fills
 /// about 200 chunks in that time, a twentieth of the default region.
 const HOLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Chunks of the shared buffer under an address-space limit it would take more than a quarter
+/// of (see [`default_chunks`]): the default of earlier versions.
+const LIMITED_CHUNKS: u32 = 1024;
+
+/// Chunks of the shared buffer when `--buffer-mb` is not given: [`fnscope_abi::DEFAULT_CHUNKS`],
+/// or [`LIMITED_CHUNKS`] under an address-space limit (`ulimit -v`, common on compute
+/// clusters) that the whole buffer would take more than a quarter of: every traced process
+/// maps all of it, and the program needs its address space too.
+pub fn default_chunks(chunk_size: u32) -> u32 {
+    let full = fnscope_abi::region_size(chunk_size, fnscope_abi::DEFAULT_CHUNKS, fnscope_abi::DEFAULT_STACK_SLOTS) as u64;
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given, nothing else.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    if known && limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur / 4 < full {
+        LIMITED_CHUNKS
+    } else {
+        fnscope_abi::DEFAULT_CHUNKS
+    }
+}
 
 /// Full chunks left waiting beyond which the recorder writes the oldest uncompressed, unless
 /// every processor is busy or the user says otherwise (`--spill-after`).

@@ -619,6 +619,22 @@ fn address_space_limit_below_the_buffer_is_named() {
     assert!(line.contains("cannot map the shared buffer (") && line.contains(" MiB") && line.contains("ulimit -v") && line.contains("--buffer-mb"), "{line}");
 }
 
+/// Under an address-space limit the default buffer (4,096 chunks, 1.5 GiB with the call
+/// stacks) would take more than a quarter of, the default is the 1,024 chunks of earlier
+/// versions: with the limit at 1.3 GiB, the program is recorded whole, where mapping the
+/// full default failed.
+#[test]
+fn address_space_limit_shrinks_the_default_buffer() {
+    let dir = TempDir::new("ulimit-v-default");
+    let prog = compile_c_text(dir.path(), "trivial", TRIVIAL);
+    let trace = dir.join("t");
+    let script = format!("ulimit -v 1400000 && exec '{}' record -o '{}' -- '{}'", fnscope(), path_str(&trace), path_str(&prog));
+    let r = run(Command::new("sh").args(["-c", &script]).current_dir(dir.path()), b"", TIMEOUT);
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(summary_counts(&r.stderr), (2, 0), "main's call and f's:\n{}", r.stderr);
+    assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
+}
+
 /// Offsets and kinds of the chunks of a trace file.
 fn chunks(file: &[u8]) -> Vec<(usize, u32)> {
     let mut at = 16;
