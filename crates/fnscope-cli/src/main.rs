@@ -437,7 +437,13 @@ fn run(cli: Cli) -> Result<i32> {
             let chunk_size = if flight.is_some() { fnscope_abi::FLIGHT_CHUNK_SIZE } else { fnscope_abi::DEFAULT_CHUNK_SIZE };
             let chunks = match buffer_mb {
                 Some(mb) => (u64::from(mb.max(2)) * (1 << 20) / u64::from(chunk_size)).clamp(2, u64::from(u32::MAX)) as u32,
-                None => record::default_chunks(chunk_size),
+                None => {
+                    let n = record::default_chunks(chunk_size);
+                    if verbose && n != fnscope_abi::DEFAULT_CHUNKS {
+                        eprintln!("fnscope: the address space is limited (ulimit -v): the shared buffer has {n} chunks, not {}, room for as many threads at once", fnscope_abi::DEFAULT_CHUNKS);
+                    }
+                    n
+                }
             };
             let plan_cache = !no_cache;
             let trace = output.clone();

@@ -628,10 +628,13 @@ fn address_space_limit_shrinks_the_default_buffer() {
     let dir = TempDir::new("ulimit-v-default");
     let prog = compile_c_text(dir.path(), "trivial", TRIVIAL);
     let trace = dir.join("t");
-    let script = format!("ulimit -v 1400000 && exec '{}' record -o '{}' -- '{}'", fnscope(), path_str(&trace), path_str(&prog));
+    let script = format!("ulimit -v 1400000 && exec '{}' record -v -o '{}' -- '{}'", fnscope(), path_str(&trace), path_str(&prog));
     let r = run(Command::new("sh").args(["-c", &script]).current_dir(dir.path()), b"", TIMEOUT);
     assert_eq!(r.code, 0, "{}", r.describe());
-    assert_eq!(summary_counts(&r.stderr), (2, 0), "main's call and f's:\n{}", r.stderr);
+    assert!(r.stderr.contains("the shared buffer has 1024 chunks, not 4096"), "-v says so:\n{}", r.stderr);
+    // The summary line, after -v's lines of each process.
+    let summary = r.stderr.lines().rfind(|l| l.contains(" calls recorded")).unwrap_or_default();
+    assert_eq!(summary_counts(summary), (2, 0), "main's call and f's:\n{}", r.stderr);
     assert_eq!(calls_of(&report(&trace).unwrap(), "trivial", "f").0, 1);
 }
 
