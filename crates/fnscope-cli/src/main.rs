@@ -51,8 +51,9 @@ enum Command {
         /// full, a thread that needs a new chunk waits at most about 2 seconds for fnscope to
         /// free one, then drops its records: the program runs on, and the calls lost are
         /// counted in the summary line and in `fnscope info`. [default: 1024, or 256 with
-        /// --flight: 4,096 chunks, for 4,096 threads alive at once; a quarter of that under an
-        /// address-space limit (ulimit -v) the whole buffer would take a quarter of]
+        /// --flight: 4,096 chunks, for 4,096 threads alive at once; 256 under an
+        /// address-space limit (ulimit -v) below four times the whole region, call stacks
+        /// included (about 6 GiB)]
         #[arg(long = "buffer-mb", value_name = "MIB")]
         buffer_mb: Option<u32>,
         /// Say what the agent does in each process.

@@ -907,21 +907,23 @@ struct Recorder {
 /// about 200 chunks in that time, a twentieth of the default region.
 const HOLE_WAIT: Duration = Duration::from_millis(50);
 
-/// Chunks of the shared buffer under an address-space limit it would take more than a quarter
-/// of (see [`default_chunks`]): the default of earlier versions.
-const LIMITED_CHUNKS: u32 = 1024;
+/// Bytes of chunks of the shared buffer under an address-space limit it would take more than
+/// a quarter of (see [`default_chunks`]): the default buffer of earlier versions (1,024 chunks
+/// of 256 KiB; with `--flight`, 4,096 of 64 KiB, as without a limit).
+const LIMITED_BUFFER_BYTES: u64 = 256 << 20;
 
 /// Chunks of the shared buffer when `--buffer-mb` is not given: [`fnscope_abi::DEFAULT_CHUNKS`],
-/// or [`LIMITED_CHUNKS`] under an address-space limit (`ulimit -v`, common on compute
-/// clusters) that the whole buffer would take more than a quarter of: every traced process
-/// maps all of it, and the program needs its address space too.
+/// or [`LIMITED_BUFFER_BYTES`] of them under an address-space limit (`ulimit -v`, common on
+/// compute clusters) that the whole region, call stacks included, would take more than a
+/// quarter of: every traced process maps all of it, and the program needs its address space
+/// too.
 pub fn default_chunks(chunk_size: u32) -> u32 {
     let full = fnscope_abi::region_size(chunk_size, fnscope_abi::DEFAULT_CHUNKS, fnscope_abi::DEFAULT_STACK_SLOTS) as u64;
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct it is given, nothing else.
     let known = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
     if known && limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur / 4 < full {
-        LIMITED_CHUNKS
+        (LIMITED_BUFFER_BYTES / u64::from(chunk_size)).min(u64::from(fnscope_abi::DEFAULT_CHUNKS)) as u32
     } else {
         fnscope_abi::DEFAULT_CHUNKS
     }
@@ -932,9 +934,9 @@ pub fn default_chunks(chunk_size: u32) -> u32 {
 pub const DEFAULT_SPILL_AFTER: usize = 4;
 
 /// While every processor is busy, chunks wait to be compressed up to half the buffer, but no
-/// more than this many bytes of them: what the buffer of 1,024 chunks held before it had room
-/// for a chunk per thread of programs with thousands (`fnscope_abi::DEFAULT_CHUNKS`), so
-/// that its memory stays what it was.
+/// more than this many bytes of them: half the default buffer of 1,024 chunks before it had
+/// room for a chunk per thread of programs with thousands (`fnscope_abi::DEFAULT_CHUNKS`),
+/// so that its memory stays what it was.
 const SATURATED_HOLD_BYTES: usize = 128 << 20;
 
 /// Passes of the recorder that must find more than [`DEFAULT_SPILL_AFTER`] chunks waiting
@@ -1255,8 +1257,8 @@ impl Recorder {
     /// the end) so that the program writes into chunks it has used before. That pays only
     /// while a processor is idle: when every one is busy (a `make -j2` on two), the program
     /// waits for the recorder's extra work instead, and the run is slower. Then, unless the
-    /// user set `--spill-after`, chunks are spilled only past half the region, so that the
-    /// program never runs out of them. And while a processor is free and a backlog lasts
+    /// user set `--spill-after`, chunks are spilled only past half the region (at most
+    /// [`SATURATED_HOLD_BYTES`] of chunks), so that the program never runs out of them. And while a processor is free and a backlog lasts
     /// ([`Backlog`]), every chunk is spilled.
     fn drain(&mut self, spill: bool) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold

@@ -619,10 +619,10 @@ fn address_space_limit_below_the_buffer_is_named() {
     assert!(line.contains("cannot map the shared buffer (") && line.contains(" MiB") && line.contains("ulimit -v") && line.contains("--buffer-mb"), "{line}");
 }
 
-/// Under an address-space limit the default buffer (4,096 chunks, 1.5 GiB with the call
-/// stacks) would take more than a quarter of, the default is the 1,024 chunks of earlier
-/// versions: with the limit at 1.3 GiB, the program is recorded whole, where mapping the
-/// full default failed.
+/// Under an address-space limit the default region (4,096 chunks, 1.5 GiB with the call
+/// stacks) would take more than a quarter of, the default buffer is the 256 MiB of earlier
+/// versions (1,024 chunks): with the limit at 1.3 GiB, the program is recorded whole, where
+/// mapping the full default failed.
 #[test]
 fn address_space_limit_shrinks_the_default_buffer() {
     let dir = TempDir::new("ulimit-v-default");

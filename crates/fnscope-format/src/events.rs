@@ -26,8 +26,9 @@ pub(crate) const ZSTD_LEVEL: i32 = 1;
 /// frame of all columns).
 pub(crate) const ZSTD_MIN_MATCH: u32 = 7;
 
-/// A compressor for EVENTS frames (from version 6, the structure columns'): [`ZSTD_LEVEL`] with
-/// [`ZSTD_MIN_MATCH`].
+/// A compressor for EVENTS frames before version 6 and for COUNTS and SUMMARY chunks:
+/// [`ZSTD_LEVEL`] with [`ZSTD_MIN_MATCH`]. From version 6, [`structure_compressor`] is the
+/// structure columns' one.
 pub(crate) fn compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
     let mut c = zstd::bulk::Compressor::new(ZSTD_LEVEL)?;
     c.set_parameter(zstd::zstd_safe::CParameter::MinMatch(ZSTD_MIN_MATCH))?;
