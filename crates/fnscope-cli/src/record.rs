@@ -1258,8 +1258,8 @@ impl Recorder {
     /// while a processor is idle: when every one is busy (a `make -j2` on two), the program
     /// waits for the recorder's extra work instead, and the run is slower. Then, unless the
     /// user set `--spill-after`, chunks are spilled only past half the region (at most
-    /// [`SATURATED_HOLD_BYTES`] of chunks), so that the program never runs out of them. And while a processor is free and a backlog lasts
-    /// ([`Backlog`]), every chunk is spilled.
+    /// [`SATURATED_HOLD_BYTES`] of chunks), so that the program never runs out of them. And
+    /// while a processor is free and a backlog lasts ([`Backlog`]), every chunk is spilled.
     fn drain(&mut self, spill: bool) -> Result<usize> {
         // Tables are looked at again once per pass, before the first chunk: a chunk may hold
         // ids of a library loaded since the last pass.
@@ -1276,8 +1276,8 @@ impl Recorder {
             Some(n) => n,
             None if spill && self.backlog.spill_all() => 0,
             None if spill && full.len() > DEFAULT_SPILL_AFTER && saturated() => {
-                let most = (SATURATED_HOLD_BYTES / self.region.chunk_size as usize).max(DEFAULT_SPILL_AFTER);
-                DEFAULT_SPILL_AFTER.max(self.region.nchunks as usize / 2).min(most)
+                let half = self.region.nchunks as usize / 2;
+                half.min(SATURATED_HOLD_BYTES / self.region.chunk_size as usize).max(DEFAULT_SPILL_AFTER)
             }
             None => DEFAULT_SPILL_AFTER,
         };
