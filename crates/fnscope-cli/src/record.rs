@@ -1182,12 +1182,12 @@ impl Recorder {
             // Straight from shared memory too: the data slots are split off as they are read.
             let (calls, data) = &mut self.split;
             fnscope_format::split_data_into(recs, calls, data);
-            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, calls, data)?;
+            self.writer.join_segment(sid, pid, tid, seq, lost, flags | extra_flags, calls, data)?;
             let calls = calls.len();
             self.wrote(calls, pid);
         } else {
             // Straight from shared memory: no copy on the path of every call.
-            self.writer.write_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &Default::default())?;
+            self.writer.join_segment(sid, pid, tid, seq, lost, flags | extra_flags, recs, &Default::default())?;
             self.wrote(recs.len(), pid);
         }
         self.release(i, nrec, holes);
@@ -1198,7 +1198,8 @@ impl Recorder {
     fn wrote(&mut self, calls: usize, pid: u32) {
         self.calls += calls as u64;
         self.pids.insert(pid);
-        self.marks.push((self.writer.bytes_written(), self.calls));
+        // The calls of a segment still being joined are not in those bytes.
+        self.marks.push((self.writer.bytes_written(), self.calls - self.writer.joined_records() as u64));
     }
 
     /// Hands what the writer holds to the system; the marks before are settled then.

@@ -141,13 +141,13 @@ pub(crate) struct VarintBuf {
 }
 
 impl VarintBuf {
-    /// A writer for at most `max_values` varints.
-    pub(crate) fn writer(&mut self, max_values: usize) -> Varints<'_> {
-        let need = max_values * 10;
+    /// A writer for at most `max_values` varints after the first `at` bytes.
+    pub(crate) fn writer(&mut self, at: usize, max_values: usize) -> Varints<'_> {
+        let need = at + max_values * 10;
         if self.buf.len() < need {
             self.buf.resize(need, 0);
         }
-        Varints { buf: &mut self.buf, at: 0 }
+        Varints { buf: &mut self.buf, at }
     }
 }
 
@@ -257,76 +257,124 @@ pub(crate) type TimeBounds = [usize; TIME_STREAMS + 1];
 
 /// Encodes records into the uncompressed column layout, appended to `out`. Returns where in
 /// `out` the time streams lie: the column lengths, shape and ids lie before them.
+#[cfg(test)]
 pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mut ColumnScratch, timing: Timing) -> TimeBounds {
-    let n = records.len();
-    let ColumnScratch { shape, ids, times, pred: kept } = scratch;
-    // A local copy: behind `scratch`, the predictor's stack length and pointer were loaded
-    // again after every byte the loop stored (a `u8` store may alias anything), 0.2 ns a
-    // record of the recorder's time.
-    let mut pred = std::mem::take(kept);
-    // A record takes two varints of shape (the flags only when it has some), one of each other.
-    let (mut shape, mut ids) = (shape.writer(2 * n), ids.writer(n));
-    let mut times = times.each_mut().map(|t| t.writer(n));
-    pred.groups.clear();
-    let leaf_gaps = timing != Timing::Exits;
-    let classes = timing == Timing::Classes;
-    let (mut prev_depth, mut prev_id, mut prev_exit) = (0u32, 0u32, 0u64);
-    for r in records {
-        let hi = (r.id_depth >> 32) as u32;
-        let (depth, flags) = (hi & 0x00ff_ffff, hi >> 24);
-        let id = r.id_depth as u32;
-        let dd = zigzag(depth as i64 - prev_depth as i64);
-        // SAFETY (every `put_unchecked` of the loop): there are `n` records; `shape` was made
-        // for two values a record and gets one, or two with flags; `ids` and each time
-        // stream were made for one a record and get at most one (a record's two time values
-        // go to two different streams).
-        unsafe {
-            shape.put_unchecked(dd << 1 | (flags != 0) as u64);
-            if flags != 0 {
-                shape.put_unchecked(flags as u64);
-            }
-            ids.put_unchecked(zigzag(id.wrapping_sub(prev_id) as i32 as i64));
-        }
-        let first_child = pred.take_children(depth);
-        let (exit_delta, entry_delta) = match first_child {
-            Some(first_child) => (r.t_exit.wrapping_sub(prev_exit), first_child.wrapping_sub(r.t_entry)),
-            None => ((if leaf_gaps { r.t_entry } else { r.t_exit }).wrapping_sub(prev_exit), r.t_exit.wrapping_sub(r.t_entry)),
-        };
-        let c = if classes { class(first_child.is_some(), depth, prev_depth) } else { 0 };
-        // SAFETY: see the shape column's above.
-        unsafe {
-            times[2 * c].put_unchecked(exit_delta);
-            times[2 * c + 1].put_unchecked(entry_delta);
-        }
-        pred.note(depth, r.t_entry);
-        (prev_depth, prev_id, prev_exit) = (depth, id, r.t_exit);
-    }
-    *kept = pred;
-    put(out, shape.bytes().len() as u64);
-    put(out, ids.bytes().len() as u64);
-    let lengths = if classes { TIME_STREAMS - 1 } else { 1 };
-    for t in &times[..lengths] {
-        put(out, t.bytes().len() as u64);
-    }
-    out.extend_from_slice(shape.bytes());
-    out.extend_from_slice(ids.bytes());
-    let mut bounds = [0; TIME_STREAMS + 1];
-    bounds[0] = out.len();
-    for (i, t) in times.iter().enumerate() {
-        out.extend_from_slice(t.bytes());
-        bounds[i + 1] = out.len();
-    }
-    bounds
+    scratch.start();
+    scratch.add(records, timing);
+    scratch.finish(out, timing)
 }
 
-/// The columns [`encode_columns`] builds, kept by the writer from segment to segment: fresh
-/// ones for every chunk the recorder writes would be a page-faulting allocation each.
+/// The columns of one segment as they are built, kept by the writer from segment to segment:
+/// fresh ones for every chunk the recorder writes would be a page-faulting allocation each.
+/// A segment's records may come in several slices ([`ColumnScratch::add`]): the recorder
+/// joins a thread's consecutive chunks into one segment.
 #[derive(Default)]
 pub(crate) struct ColumnScratch {
     shape: VarintBuf,
     ids: VarintBuf,
     times: [VarintBuf; TIME_STREAMS],
     pred: Predictor,
+    /// Where the slices added so far left the encoder.
+    at: Resume,
+}
+
+/// The column encoder's state between two slices of a segment's records.
+#[derive(Default, Clone, Copy)]
+struct Resume {
+    prev_depth: u32,
+    prev_id: u32,
+    prev_exit: u64,
+    /// Bytes written to `shape`, `ids` and each time stream.
+    shape: usize,
+    ids: usize,
+    times: [usize; TIME_STREAMS],
+}
+
+impl ColumnScratch {
+    /// Starts a segment.
+    pub(crate) fn start(&mut self) {
+        self.pred.groups.clear();
+        self.at = Resume::default();
+    }
+
+    /// Encodes `records`, the segment's next ones, into the columns.
+    pub(crate) fn add(&mut self, records: &[Record], timing: Timing) {
+        let n = records.len();
+        let ColumnScratch { shape, ids, times, pred: kept, at } = self;
+        // A local copy: behind `self`, the predictor's stack length and pointer were loaded
+        // again after every byte the loop stored (a `u8` store may alias anything), 0.2 ns a
+        // record of the recorder's time.
+        let mut pred = std::mem::take(kept);
+        // A record takes two varints of shape (the flags only when it has some), one of each other.
+        let (mut shape, mut ids) = (shape.writer(at.shape, 2 * n), ids.writer(at.ids, n));
+        let mut starts = at.times.into_iter();
+        let mut times = times.each_mut().map(|t| t.writer(starts.next().unwrap_or_default(), n));
+        let leaf_gaps = timing != Timing::Exits;
+        let classes = timing == Timing::Classes;
+        let (mut prev_depth, mut prev_id, mut prev_exit) = (at.prev_depth, at.prev_id, at.prev_exit);
+        for r in records {
+            let hi = (r.id_depth >> 32) as u32;
+            let (depth, flags) = (hi & 0x00ff_ffff, hi >> 24);
+            let id = r.id_depth as u32;
+            let dd = zigzag(depth as i64 - prev_depth as i64);
+            // SAFETY (every `put_unchecked` of the loop): there are `n` records; `shape` was made
+            // for two values a record and gets one, or two with flags; `ids` and each time
+            // stream were made for one a record and get at most one (a record's two time values
+            // go to two different streams).
+            unsafe {
+                shape.put_unchecked(dd << 1 | (flags != 0) as u64);
+                if flags != 0 {
+                    shape.put_unchecked(flags as u64);
+                }
+                ids.put_unchecked(zigzag(id.wrapping_sub(prev_id) as i32 as i64));
+            }
+            let first_child = pred.take_children(depth);
+            let (exit_delta, entry_delta) = match first_child {
+                Some(first_child) => (r.t_exit.wrapping_sub(prev_exit), first_child.wrapping_sub(r.t_entry)),
+                None => ((if leaf_gaps { r.t_entry } else { r.t_exit }).wrapping_sub(prev_exit), r.t_exit.wrapping_sub(r.t_entry)),
+            };
+            let c = if classes { class(first_child.is_some(), depth, prev_depth) } else { 0 };
+            // SAFETY: see the shape column's above.
+            unsafe {
+                times[2 * c].put_unchecked(exit_delta);
+                times[2 * c + 1].put_unchecked(entry_delta);
+            }
+            pred.note(depth, r.t_entry);
+            (prev_depth, prev_id, prev_exit) = (depth, id, r.t_exit);
+        }
+        *kept = pred;
+        *at = Resume {
+            prev_depth,
+            prev_id,
+            prev_exit,
+            shape: shape.at,
+            ids: ids.at,
+            times: times.map(|t| t.at),
+        };
+    }
+
+    /// Appends the segment's columns to `out`. Returns where in `out` the time streams lie:
+    /// the column lengths, shape and ids lie before them.
+    pub(crate) fn finish(&self, out: &mut Vec<u8>, timing: Timing) -> TimeBounds {
+        let at = &self.at;
+        let times: [&[u8]; TIME_STREAMS] = std::array::from_fn(|i| &self.times[i].buf[..at.times[i]]);
+        let (shape, ids) = (&self.shape.buf[..at.shape], &self.ids.buf[..at.ids]);
+        put(out, shape.len() as u64);
+        put(out, ids.len() as u64);
+        let lengths = if timing == Timing::Classes { TIME_STREAMS - 1 } else { 1 };
+        for t in &times[..lengths] {
+            put(out, t.len() as u64);
+        }
+        out.extend_from_slice(shape);
+        out.extend_from_slice(ids);
+        let mut bounds = [0; TIME_STREAMS + 1];
+        bounds[0] = out.len();
+        for (i, t) in times.iter().enumerate() {
+            out.extend_from_slice(t);
+            bounds[i + 1] = out.len();
+        }
+        bounds
+    }
 }
 
 /// A cursor over one column; every read is bounds-checked.
@@ -517,7 +565,7 @@ mod tests {
             put(&mut expected, v);
         }
         let mut buf = VarintBuf::default();
-        let mut w = buf.writer(values.len());
+        let mut w = buf.writer(0, values.len());
         for &v in &values {
             w.put(v);
         }

@@ -36,6 +36,18 @@ pub(crate) struct SegmentEncoder {
     frames: Option<(zstd::bulk::Compressor<'static>, zstd::zstd_safe::CCtx<'static>)>,
     /// Compressor of CALLDATA chunks (a level of its own), made with the first one.
     data_zstd: Option<zstd::bulk::Compressor<'static>>,
+    /// The segment [`SegmentEncoder::join`] builds, from [`SegmentEncoder::start`] to
+    /// [`SegmentEncoder::finish`].
+    joined: Option<Joined>,
+    /// The data units' vectors of the last segment joined, kept for the next.
+    spare_data: CallData,
+}
+
+/// A segment joined from several chunks: its header fields, the data units of its calls and
+/// how many records it has so far (its columns are in the encoder's scratch).
+struct Joined {
+    head: ThreadSegment,
+    nrec: usize,
 }
 
 impl SegmentEncoder {
@@ -55,6 +67,8 @@ impl SegmentEncoder {
                 None
             },
             data_zstd: None,
+            joined: None,
+            spare_data: CallData::default(),
         })
     }
 
@@ -73,14 +87,69 @@ impl SegmentEncoder {
     /// calls that have one, into `out`; `head` gives the segment's header fields (its own
     /// records and data are not read).
     pub(crate) fn encode(&mut self, head: &ThreadSegment, records: &[Record], data: &CallData, out: &mut SegmentPayloads) -> Result<(), FormatError> {
+        debug_assert!(self.joined.is_none(), "a segment being joined keeps its columns in the scratch this takes");
+        self.scratch.start();
+        self.scratch.add(records, self.timing);
+        self.payloads(head, records.len(), data, out)
+    }
+
+    /// Starts a segment that [`SegmentEncoder::join`] adds records to, with the header fields
+    /// of `head` (its own records and data are not read), dropping one started before.
+    pub(crate) fn start(&mut self, head: &ThreadSegment) {
+        let mut data = std::mem::take(&mut self.spare_data);
+        data.clear();
+        self.joined = Some(Joined { head: ThreadSegment { records: Vec::new(), data, ..*head }, nrec: 0 });
+        self.scratch.start();
+    }
+
+    /// Adds one chunk's records, the next ones of the thread, to the segment started last,
+    /// with the data units of those calls that have one; `flags` join the segment's.
+    pub(crate) fn join(&mut self, records: &[Record], data: &CallData, flags: u32) -> Result<(), FormatError> {
+        let Some(j) = &mut self.joined else {
+            return Err(invalid("write", &self.path, "records joined to no segment"));
+        };
+        if j.nrec + records.len() > u32::MAX as usize {
+            return Err(invalid("write", &self.path, "over 2^32 records in a segment"));
+        }
+        let base = j.nrec as u32;
+        for (record, words) in data.iter() {
+            j.head.data.push(base + record, words);
+        }
+        j.nrec += records.len();
+        j.head.flags |= flags;
+        self.scratch.add(records, self.timing);
+        Ok(())
+    }
+
+    /// The segment started last and not finished: its header fields, and the records joined
+    /// so far.
+    pub(crate) fn joined(&self) -> Option<(&ThreadSegment, usize)> {
+        self.joined.as_ref().map(|j| (&j.head, j.nrec))
+    }
+
+    /// Encodes the segment started last into `out`; false if there is none.
+    pub(crate) fn finish(&mut self, out: &mut SegmentPayloads) -> Result<bool, FormatError> {
+        let Some(mut j) = self.joined.take() else {
+            return Ok(false);
+        };
+        let data = std::mem::take(&mut j.head.data);
+        let r = self.payloads(&j.head, j.nrec, &data, out);
+        // Kept for the next segment: its allocation.
+        self.spare_data = data;
+        r.map(|()| true)
+    }
+
+    /// Encodes the columns [`events::ColumnScratch`] holds, of `nrec` records, and `data`
+    /// into `out`, under `head`'s header fields.
+    fn payloads(&mut self, head: &ThreadSegment, nrec: usize, data: &CallData, out: &mut SegmentPayloads) -> Result<(), FormatError> {
         let ThreadSegment { image_sid, pid, tid, seq, lost, flags, .. } = *head;
         out.calldata.clear();
         if !data.is_empty() {
             self.call_data(pid, tid, seq, data, &mut out.calldata)?;
         }
-        let nrec = u32::try_from(records.len()).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
+        let nrec = u32::try_from(nrec).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
         self.columns.clear();
-        let times = events::encode_columns(records, &mut self.columns, &mut self.scratch, self.timing);
+        let times = self.scratch.finish(&mut self.columns, self.timing);
         out.events.clear();
         out.events.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
         let compressed = match &mut self.frames {
@@ -99,7 +168,7 @@ impl SegmentEncoder {
             Some(z) => z,
             None => self.data_zstd.insert(zstd::bulk::Compressor::new(events::DATA_ZSTD_LEVEL).map_err(io_err("set up compression for", &self.path))?),
         };
-        let mut out = self.data_varints.writer(2 * data.len() + data.word_count());
+        let mut out = self.data_varints.writer(0, 2 * data.len() + data.word_count());
         let mut prev = 0u32;
         for (record, words) in data.iter() {
             out.put(u64::from(record.wrapping_sub(prev)));

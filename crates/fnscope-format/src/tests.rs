@@ -1038,3 +1038,95 @@ fn image_bodies_come_from_a_frame_store() {
         assert_eq!(bad.puts.load(Relaxed), 1, "{why}: compressed again");
     }
 }
+
+/// Chunks that continue a thread's segment join it (`join_segment`): they read back as one
+/// segment holding their records in order, the data units of the later ones at their place
+/// among the records; a chunk of another thread, a gap in the sequence numbers, lost records,
+/// the [`JOIN_RECORDS`] limit, any other chunk written and `flush` end the segment first; a
+/// thread's last chunk joins and ends it. Until then its records are not written.
+#[test]
+fn continued_chunks_join_one_segment() {
+    let dir = tmpdir("join");
+    let path = dir.join(TRACE_FILE);
+    let mut rng = Rng(7);
+    let mut fib = |n: u32, data: bool| {
+        let mut clock = 1000;
+        let mut recs = Vec::new();
+        fib_records(n, &mut clock, &mut rng, 0, &mut recs);
+        let mut units = CallData::default();
+        if data {
+            for (k, r) in recs.iter_mut().enumerate().filter(|(k, _)| k % 5 == 2) {
+                r.id_depth |= u64::from(fnscope_abi::REC_FLAG_DATA) << 56;
+                units.push(k as u32, &[fnscope_abi::data::header(1, 1, 0, 0, 0), k as u64, 3 * k as u64]);
+            }
+        }
+        (recs, units)
+    };
+    let seg = |tid: u32, seq: u64, lost: u64, flags: u32, parts: &[&(Vec<Record>, CallData)]| {
+        let mut s = ThreadSegment { image_sid: 0, pid: 7, tid, seq, lost, flags, ..Default::default() };
+        for (recs, data) in parts {
+            for (k, words) in data.iter() {
+                s.data.push(s.records.len() as u32 + k, words);
+            }
+            s.records.extend_from_slice(recs);
+        }
+        s
+    };
+    let (a0, a1, a2, a3, a4) = (fib(9, false), fib(7, true), fib(8, false), fib(6, true), fib(10, false));
+    let (b0, b1, b2) = (fib(5, false), fib(6, false), fib(4, true));
+    let (d0, d2) = (fib(3, false), fib(4, false));
+    // Three chunks of 13,529 records: two join, the third would take the segment over the limit.
+    let c: Vec<_> = (0..3).map(|_| fib(19, false)).collect();
+    assert!(2 * c[0].0.len() <= JOIN_RECORDS && 3 * c[0].0.len() > JOIN_RECORDS);
+
+    let mut w = TraceWriter::create(&path).unwrap();
+    w.write_meta(&sample_meta()).unwrap();
+    w.write_image(0, IMAGE).unwrap();
+    let join = |w: &mut TraceWriter, tid: u32, seq: u64, lost: u64, flags: u32, (recs, data): &(Vec<Record>, CallData)| {
+        w.join_segment(0, 7, tid, seq, lost, flags, recs, data).unwrap();
+    };
+    let before = w.bytes_written();
+    join(&mut w, 7, 0, 0, 0, &a0);
+    join(&mut w, 7, 1, 0, 0, &a1);
+    assert_eq!((w.bytes_written(), w.joined_records()), (before, a0.0.len() + a1.0.len()), "nothing written yet");
+    join(&mut w, 8, 0, 0, 0, &b0);
+    join(&mut w, 7, 2, 0, 0, &a2);
+    join(&mut w, 7, 3, 2, 0, &a3);
+    join(&mut w, 7, 4, 0, fnscope_abi::CHUNK_FLAG_LAST, &a4);
+    assert_eq!(w.joined_records(), 0, "a thread's last chunk ends its segment");
+    join(&mut w, 9, 0, 0, 0, &c[0]);
+    join(&mut w, 9, 1, 0, 0, &c[1]);
+    assert_eq!(w.joined_records(), 0, "one more chunk would have gone over the limit");
+    join(&mut w, 9, 2, 0, 0, &c[2]);
+    w.write_raw_segment(0, 7, 8, 1, 0, 0, &b1.0).unwrap();
+    join(&mut w, 8, 2, 0, 0, &b2);
+    join(&mut w, 10, 0, 0, 0, &d0);
+    join(&mut w, 10, 2, 0, 0, &d2);
+    w.flush().unwrap();
+    assert_eq!(w.joined_records(), 0);
+    assert_eq!(w.bytes_written(), std::fs::metadata(&path).unwrap().len(), "flush writes the joined segment");
+    w.write_end(&sample_end()).unwrap();
+    w.flush().unwrap();
+
+    let want = [
+        seg(7, 0, 0, 0, &[&a0, &a1]),
+        seg(8, 0, 0, 0, &[&b0]),
+        seg(7, 2, 0, 0, &[&a2]),
+        seg(7, 3, 2, fnscope_abi::CHUNK_FLAG_LAST, &[&a3, &a4]),
+        seg(9, 0, 0, 0, &[&c[0], &c[1]]),
+        seg(9, 2, 0, 0, &[&c[2]]),
+        seg(8, 1, 0, 0, &[&b1]),
+        seg(8, 2, 0, 0, &[&b2]),
+        seg(10, 0, 0, 0, &[&d0]),
+        seg(10, 2, 0, 0, &[&d2]),
+    ];
+    let (chunks, truncated) = read_all(&path).unwrap();
+    assert!(!truncated);
+    let got = events_of(chunks);
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((g.tid, g.seq, g.lost, g.flags, g.records.len()), (w.tid, w.seq, w.lost, w.flags, w.records.len()));
+        assert_eq!(g, w);
+    }
+    assert!(!want[0].data.is_empty() && !want[3].data.is_empty());
+}
