@@ -253,6 +253,7 @@ fn class(has_children: bool, depth: u32, prev_depth: u32) -> usize {
 
 /// Where the time streams lie in what [`encode_columns`] appended: stream `i` is
 /// `bounds[i]..bounds[i + 1]`.
+#[cfg(test)]
 pub(crate) type TimeBounds = [usize; TIME_STREAMS + 1];
 
 /// Encodes records into the uncompressed column layout, appended to `out`. Returns where in
@@ -261,7 +262,14 @@ pub(crate) type TimeBounds = [usize; TIME_STREAMS + 1];
 pub(crate) fn encode_columns(records: &[Record], out: &mut Vec<u8>, scratch: &mut ColumnScratch, timing: Timing) -> TimeBounds {
     scratch.start();
     scratch.add(records, timing);
-    scratch.finish(out, timing)
+    let streams = scratch.finish(out, timing);
+    let mut bounds = [0; TIME_STREAMS + 1];
+    bounds[0] = out.len();
+    for (i, t) in streams.iter().enumerate() {
+        out.extend_from_slice(t);
+        bounds[i + 1] = out.len();
+    }
+    bounds
 }
 
 /// The columns of one segment as they are built, kept by the writer from segment to segment:
@@ -353,9 +361,10 @@ impl ColumnScratch {
         };
     }
 
-    /// Appends the segment's columns to `out`. Returns where in `out` the time streams lie:
-    /// the column lengths, shape and ids lie before them.
-    pub(crate) fn finish(&self, out: &mut Vec<u8>, timing: Timing) -> TimeBounds {
+    /// Appends the segment's column lengths, shape and ids to `out`, and returns its time
+    /// streams: the columns' layout is those bytes followed by the streams, which a caller
+    /// compressing them apart need not copy.
+    pub(crate) fn finish(&self, out: &mut Vec<u8>, timing: Timing) -> [&[u8]; TIME_STREAMS] {
         let at = &self.at;
         let times: [&[u8]; TIME_STREAMS] = std::array::from_fn(|i| &self.times[i].buf[..at.times[i]]);
         let (shape, ids) = (&self.shape.buf[..at.shape], &self.ids.buf[..at.ids]);
@@ -367,13 +376,7 @@ impl ColumnScratch {
         }
         out.extend_from_slice(shape);
         out.extend_from_slice(ids);
-        let mut bounds = [0; TIME_STREAMS + 1];
-        bounds[0] = out.len();
-        for (i, t) in times.iter().enumerate() {
-            out.extend_from_slice(t);
-            bounds[i + 1] = out.len();
-        }
-        bounds
+        times
     }
 }
 

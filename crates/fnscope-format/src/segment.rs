@@ -149,13 +149,19 @@ impl SegmentEncoder {
         }
         let nrec = u32::try_from(nrec).map_err(|_| invalid("write", &self.path, "over 2^32 records in a segment"))?;
         self.columns.clear();
-        let times = self.scratch.finish(&mut self.columns, self.timing);
+        let streams = self.scratch.finish(&mut self.columns, self.timing);
         out.events.clear();
         out.events.extend_from_slice(&events_head(image_sid, pid, tid, seq, nrec, lost, flags));
         let compressed = match &mut self.frames {
-            Some((structure, time)) => append_frame(structure, &self.columns[..times[0]], &mut out.events)
-                .and_then(|()| append_blocks(time, &self.columns, &times, &mut out.events)),
-            None => append_frame(&mut self.zstd, &self.columns, &mut out.events),
+            // The time streams straight from the encoder's buffers: zstd copies its input anyway.
+            Some((structure, time)) => append_frame(structure, &self.columns, &mut out.events)
+                .and_then(|()| append_blocks(time, &streams, &mut out.events)),
+            None => {
+                for t in streams {
+                    self.columns.extend_from_slice(t);
+                }
+                append_frame(&mut self.zstd, &self.columns, &mut out.events)
+            }
         };
         compressed.map_err(io_err("compress records for", &self.path))
     }
@@ -186,18 +192,17 @@ impl SegmentEncoder {
     }
 }
 
-/// Appends one zstd frame of `src[bounds[0]..bounds[last]]` to `p`, each stream
-/// `src[bounds[i]..bounds[i + 1]]` in blocks of its own: a block boundary gives the next stream
-/// a Huffman table of its own. The frame states its decoded size.
-fn append_blocks(zstd: &mut zstd::zstd_safe::CCtx<'static>, src: &[u8], bounds: &[usize], p: &mut Vec<u8>) -> io::Result<()> {
+/// Appends one zstd frame of `streams`, one after the other, each in blocks of its own: a
+/// block boundary gives the next stream a Huffman table of its own. The frame states its
+/// decoded size.
+fn append_blocks(zstd: &mut zstd::zstd_safe::CCtx<'static>, streams: &[&[u8]], p: &mut Vec<u8>) -> io::Result<()> {
     use zstd::zstd_safe::zstd_sys::ZSTD_EndDirective as End;
     use zstd::zstd_safe::{InBuffer, OutBuffer};
     let err = |code| io::Error::other(zstd::zstd_safe::get_error_name(code));
-    let (first, last) = (bounds[0], bounds[bounds.len() - 1]);
     zstd.reset(zstd::zstd_safe::ResetDirective::SessionOnly).map_err(err)?;
-    zstd.set_pledged_src_size(Some((last - first) as u64)).map_err(err)?;
+    zstd.set_pledged_src_size(Some(streams.iter().map(|s| s.len() as u64).sum())).map_err(err)?;
     // Room for every stream's worst case: each is bounded apart, with its own block headers.
-    let room: usize = bounds.windows(2).map(|w| zstd::zstd_safe::compress_bound(w[1] - w[0])).sum();
+    let room: usize = streams.iter().map(|s| zstd::zstd_safe::compress_bound(s.len())).sum();
     p.reserve(room + 32);
     let mut step = |input: &[u8], end: End| -> io::Result<()> {
         let mut input = InBuffer::around(input);
@@ -213,8 +218,8 @@ fn append_blocks(zstd: &mut zstd::zstd_safe::CCtx<'static>, src: &[u8], bounds: 
             }
         }
     };
-    for w in bounds.windows(2).filter(|w| w[1] > w[0]) {
-        step(&src[w[0]..w[1]], End::ZSTD_e_flush)?;
+    for s in streams.iter().filter(|s| !s.is_empty()) {
+        step(s, End::ZSTD_e_flush)?;
     }
     step(&[], End::ZSTD_e_end)
 }
