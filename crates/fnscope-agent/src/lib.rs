@@ -364,6 +364,13 @@ fn setup(settings: Settings) -> Result<(), String> {
     region::abandon_previous_images(pid);
     COUNT_MODE.store(counting, Ordering::Relaxed);
     thread::set_limits(depth, min_ticks);
+    if min_ticks == 0 {
+        if let Err(e) = stubs::skip_min_ticks() {
+            if verbose() {
+                warn(&format!("the exit stubs keep their --min-duration check: {e}"));
+            }
+        }
+    }
     if trigger_signal > 0 {
         region::install_trigger_signal(trigger_signal);
     }
