@@ -1125,6 +1125,11 @@ mod tests {
     use super::*;
     use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
 
+    /// Held by the tests that write into the stubs: each makes their pages writable, then
+    /// read-only again, which faults another test's write in between (a test run with four
+    /// threads crashed 12 times in 200). The agent does it once, before any thread runs.
+    static PATCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn decode(code: &[u8]) -> Vec<Instruction> {
         Decoder::with_ip(64, code, 0x1000, DecoderOptions::NONE).into_iter().collect()
     }
@@ -1159,6 +1164,7 @@ mod tests {
     /// process's offset, and a second call finds them done.
     #[test]
     fn stubs_get_the_offset_written_in() {
+        let _patching = PATCHING.lock().unwrap_or_else(|e| e.into_inner());
         specialise_tls().unwrap();
         specialise_tls().unwrap();
         // SAFETY: as in `specialise_tls`.
@@ -1182,6 +1188,7 @@ mod tests {
             fn fnscope_settle();
             fn fnscope_exit_mismatch();
         }
+        let _patching = PATCHING.lock().unwrap_or_else(|e| e.into_inner());
         specialise_tls().unwrap();
         // As the agent sets up without --min-duration: the checks jumped over.
         skip_min_ticks().unwrap();

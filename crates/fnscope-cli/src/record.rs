@@ -1085,6 +1085,7 @@ impl Recorder {
                 self.image_stamps.insert(sid, stamp);
             }
             let text = String::from_utf8(bytes).map_err(|_| anyhow!("{} is not UTF-8: damaged, or not written by fnscope's agent", p.display()))?;
+            self.write_joined()?;
             self.writer.write_image(sid, &text)?;
             self.images_written.insert(sid, count_hooks(&text));
             self.image_copied.insert(sid, Instant::now());
@@ -1111,6 +1112,7 @@ impl Recorder {
                 f.keep(seg);
             }
             None => {
+                self.write_joined()?;
                 self.writer.write_segment(seg.sid, seg.pid, seg.tid, seg.seq, seg.lost, seg.flags, &seg.recs, &seg.data)?;
                 self.wrote(seg.recs.len(), seg.pid);
             }
@@ -1153,6 +1155,10 @@ impl Recorder {
             if self.thread_names.get(&(pid, tid)).is_none_or(|n| *n != name) {
                 self.thread_names.insert((pid, tid), name.into_owned());
             }
+        }
+        if raw && self.flight.is_none() {
+            // Before the chunk's records are borrowed: see `write_joined`.
+            self.write_joined()?;
         }
         let region_recs = self.region.records(i, n);
         let nrec = region_recs.len();
@@ -1202,8 +1208,20 @@ impl Recorder {
         self.marks.push((self.writer.bytes_written(), self.calls - self.writer.joined_records() as u64));
     }
 
+    /// Writes the segment the writer is joining, if any, and marks where its calls end.
+    /// Every other write writes it first: were that write to fail (a full disk) after it,
+    /// the marks would not count calls the cut trace holds.
+    fn write_joined(&mut self) -> Result<()> {
+        if self.writer.joined_records() > 0 {
+            self.writer.write_joined()?;
+            self.marks.push((self.writer.bytes_written(), self.calls));
+        }
+        Ok(())
+    }
+
     /// Hands what the writer holds to the system; the marks before are settled then.
     fn flush(&mut self) -> Result<()> {
+        self.write_joined()?;
         self.writer.flush()?;
         let settled = self.marks.len().saturating_sub(1);
         self.marks.drain(..settled);
@@ -1847,7 +1865,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         }
     }
     let counted = if rec.failed.is_none() {
-        let counted = copy_counts(&dir, &mut rec.writer, &mut rec.pids);
+        let counted = rec.write_joined().and_then(|()| copy_counts(&dir, &mut rec.writer, &mut rec.pids));
         rec.or_fail(counted)
     } else {
         0
@@ -1875,8 +1893,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         ..EndInfo::default()
     };
     if rec.failed.is_none() {
-        let ended = rec.writer.write_end(&end).and_then(|()| rec.writer.flush());
-        rec.or_fail(ended.map_err(anyhow::Error::from));
+        let ended = rec.write_joined().and_then(|()| rec.writer.write_end(&end).and_then(|()| rec.writer.flush()).map_err(anyhow::Error::from));
+        rec.or_fail(ended);
     }
     let mut bytes = rec.writer.bytes_written();
     if let Some(why) = rec.failed.clone() {

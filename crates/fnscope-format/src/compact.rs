@@ -37,8 +37,8 @@ pub struct Compacted {
 /// Rewrites the trace file at `path` with every RAW chunk encoded and compressed as the EVENTS
 /// chunk (and CALLDATA chunk) it stands for, every other chunk copied unchanged, in the same
 /// order and format version (a version 1 file, whose checksums are not written any more,
-/// becomes version 2): byte for byte the file that would have been written without RAW
-/// chunks. The new file replaces the old one only once it is whole: if anything fails (a
+/// becomes version 2): byte for byte the file that [`TraceWriter::write_segment`] would have
+/// written for each chunk (not joined: [`TraceWriter::join_segment`]). The new file replaces the old one only once it is whole: if anything fails (a
 /// damaged chunk, a file cut short, an error writing), the old one stays, and it reads the
 /// same. `progress` is told the bytes read so far and the size. RAW chunks are encoded on
 /// every processor (at most 8).

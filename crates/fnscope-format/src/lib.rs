@@ -643,7 +643,7 @@ impl TraceWriter {
     /// written after it comes after it in the file.
     fn put(&mut self, b: &[u8]) -> Result<(), FormatError> {
         if self.enc.joined().is_some() {
-            self.emit_joined()?;
+            self.write_joined()?;
         }
         self.out.write_all(b).map_err(io_err("write", &self.path))?;
         self.written += b.len() as u64;
@@ -758,7 +758,7 @@ impl TraceWriter {
         data: &CallData,
     ) -> Result<(), FormatError> {
         // First: its columns are in the encoder, which this segment's take.
-        self.emit_joined()?;
+        self.write_joined()?;
         let mut seg = std::mem::take(&mut self.segment);
         let head = ThreadSegment { image_sid, pid, tid, seq, lost, flags, ..Default::default() };
         let r = self.enc.encode(&head, records, data, &mut seg).and_then(|()| self.emit_segment(&seg));
@@ -796,7 +796,7 @@ impl TraceWriter {
                 && nrec + records.len() <= JOIN_RECORDS
         });
         if !continues {
-            self.emit_joined()?;
+            self.write_joined()?;
             let head = ThreadSegment { image_sid, pid, tid, seq, lost, flags: flags & !fnscope_abi::CHUNK_FLAG_LAST, ..Default::default() };
             self.enc.start(&head);
         }
@@ -804,7 +804,7 @@ impl TraceWriter {
         self.join_next = seq.wrapping_add(1);
         let full = self.enc.joined().is_some_and(|(_, nrec)| nrec + records.len() > JOIN_RECORDS);
         if flags & fnscope_abi::CHUNK_FLAG_LAST != 0 || full {
-            self.emit_joined()?;
+            self.write_joined()?;
         }
         Ok(())
     }
@@ -814,8 +814,11 @@ impl TraceWriter {
         self.enc.joined().map_or(0, |(_, nrec)| nrec)
     }
 
-    /// Writes the segment [`TraceWriter::join_segment`] holds, if any.
-    fn emit_joined(&mut self) -> Result<(), FormatError> {
+    /// Writes the segment [`TraceWriter::join_segment`] holds, if any, now. Anything else
+    /// written writes it first; a caller that keeps track of which calls the file holds
+    /// (the recorder, to say what a trace cut after a failed write keeps) writes it apart, so
+    /// that the calls are in the file when the call returns.
+    pub fn write_joined(&mut self) -> Result<(), FormatError> {
         let mut seg = std::mem::take(&mut self.segment);
         let r = self.enc.finish(&mut seg).and_then(|any| if any { self.emit_segment(&seg) } else { Ok(()) });
         self.segment = seg;
@@ -904,7 +907,7 @@ impl TraceWriter {
     /// Hands buffered data to the operating system, so that it survives a crash of the
     /// recorder (not of the machine: no fsync).
     pub fn flush(&mut self) -> Result<(), FormatError> {
-        self.emit_joined()?;
+        self.write_joined()?;
         self.out.flush().map_err(io_err("write", &self.path))
     }
 
@@ -938,7 +941,9 @@ impl Write for TraceFile {
 
 impl Drop for TraceWriter {
     fn drop(&mut self) {
-        // Errors here have nowhere to go; callers that care call `flush` themselves.
+        // Errors here have nowhere to go; callers that care call `flush` themselves. An
+        // abandoned writer writes nothing, the joined segment included.
+        let _ = self.write_joined();
         let _ = self.out.flush();
     }
 }
@@ -1392,7 +1397,7 @@ impl TraceReader {
         let key = (le32(p, 0), le32(p, 4), le64(p, 8));
         let units = le32(p, 16) as usize;
         let frame = &p[CALLDATA_HEADER_SIZE..];
-        // At most one unit per record of a shared-memory chunk, each of at most MAX_WORDS
+        // At most one unit per record of a segment (32,768 records joined), each of at most MAX_WORDS
         // varints: anything bigger is damage, refused before anything is allocated for it.
         if units > 1 << 20 {
             return Err(self.corrupt(at, format!("{units} call data units in one chunk is impossibly many")));

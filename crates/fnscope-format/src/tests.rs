@@ -1130,3 +1130,83 @@ fn continued_chunks_join_one_segment() {
     }
     assert!(!want[0].data.is_empty() && !want[3].data.is_empty());
 }
+
+/// Records of random call trees (up to 12 deep, ids 0..37, some with flags, every seventh
+/// with a data unit) from `seed`, at least `n` of them.
+fn random_calls(seed: u64, n: usize) -> (Vec<Record>, CallData) {
+    fn tree(rng: &mut Rng, depth: u32, clock: &mut u64, out: &mut Vec<Record>, data: &mut CallData, budget: &mut usize) {
+        *clock += 1 + rng.next() % 50;
+        let t_entry = *clock;
+        let kids = if depth < 12 && *budget > 0 { rng.next() % 4 } else { 0 };
+        for _ in 0..kids {
+            if *budget == 0 {
+                break;
+            }
+            *budget -= 1;
+            tree(rng, depth + 1, clock, out, data, budget);
+        }
+        *clock += 1 + rng.next() % 80;
+        let mut flags = if rng.next().is_multiple_of(13) { 2 } else { 0 };
+        if rng.next().is_multiple_of(7) {
+            flags |= fnscope_abi::REC_FLAG_DATA;
+            data.push(out.len() as u32, &[fnscope_abi::data::header(1, 1, 0, 0, 0), rng.next(), rng.next() % 100]);
+        }
+        out.push(Record::new(t_entry, *clock, (rng.next() % 37) as u32, depth, flags));
+    }
+    let mut rng = Rng(seed);
+    let (mut out, mut data) = (Vec::new(), CallData::default());
+    let mut clock = rng.next() % 1_000_000;
+    while out.len() < n {
+        tree(&mut rng, 0, &mut clock, &mut out, &mut data, &mut 200);
+    }
+    (out, data)
+}
+
+/// A segment joined from chunks is, byte for byte, the segment of all their records written
+/// at once: the encoder carries its state from chunk to chunk and starts afresh for the
+/// next segment. Every version, random cuts (empty chunks too), with and without data
+/// units, another thread's segment first, the last chunk a thread's last or not.
+#[test]
+fn joined_chunks_encode_as_one_segment() {
+    let dir = tmpdir("join-bytes");
+    for version in CHECKSUM_OF_HEAD_SINCE..=FORMAT_VERSION {
+        for seed in 1..25u64 {
+            let (recs, data) = random_calls(seed * 7919 + u64::from(version), 3000 + (seed as usize * 131) % 5000);
+            let data = if seed % 2 == 0 { data } else { CallData::default() };
+            let (other, other_data) = random_calls(seed + 5, 777);
+            let other_data = if seed % 2 == 0 { other_data } else { CallData::default() };
+            let mut rng = Rng(seed + 99);
+            let mut cuts = vec![0];
+            while cuts[cuts.len() - 1] < recs.len() {
+                cuts.push((cuts[cuts.len() - 1] + (rng.next() % 2500) as usize).min(recs.len()));
+            }
+            let last = if seed % 3 == 0 { fnscope_abi::CHUNK_FLAG_LAST } else { 0 };
+            let write = |name: &str, joined: bool| {
+                let path = dir.join(name);
+                let mut w = TraceWriter::create_as(&path, version).unwrap();
+                w.write_meta(&sample_meta()).unwrap();
+                if joined {
+                    w.join_segment(0, 1, 2, 0, 0, 0, &other, &other_data).unwrap();
+                    for (i, c) in cuts.windows(2).enumerate() {
+                        let mut d = CallData::default();
+                        for (k, words) in data.iter().filter(|&(k, _)| (c[0]..c[1]).contains(&(k as usize))) {
+                            d.push(k - c[0] as u32, words);
+                        }
+                        let flags = if i == cuts.len() - 2 { last } else { 0 };
+                        w.join_segment(0, 1, 3, 10 + i as u64, if i == 0 { 5 } else { 0 }, flags, &recs[c[0]..c[1]], &d).unwrap();
+                    }
+                } else {
+                    w.write_segment(0, 1, 2, 0, 0, 0, &other, &other_data).unwrap();
+                    w.write_segment(0, 1, 3, 10, 5, last, &recs, &data).unwrap();
+                }
+                w.write_end(&sample_end()).unwrap();
+                w.flush().unwrap();
+                drop(w);
+                std::fs::read(&path).unwrap()
+            };
+            assert!(recs.len() <= JOIN_RECORDS);
+            let (joined, whole) = (write("joined.fns", true), write("whole.fns", false));
+            assert!(joined == whole, "version {version}, seed {seed}: {} bytes joined against {} written at once", joined.len(), whole.len());
+        }
+    }
+}
