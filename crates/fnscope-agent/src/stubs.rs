@@ -1026,15 +1026,24 @@ pub fn specialise_tls() -> Result<(), String> {
             return Err(format!("unexpected code at the TLS load {at:#x}: {code:02x?}"));
         }
     }
-    let lo = sites.into_iter().fold(u64::MAX, u64::min);
-    let hi = sites.into_iter().fold(0, u64::max) + TLS_LOAD_GOT.len() as u64;
+    // SAFETY: each site holds the 11 bytes checked above, whole instructions that no thread
+    // is running (nothing is hooked yet).
+    unsafe { write_stub_code(sites.map(|at| (at, tls_load_inline(offset)))) }
+}
+
+/// Writes each `(address, code)` into the stubs, the agent's text made writable for it.
+///
+/// # Safety
+/// Each address holds whole instructions of the stubs, at least `N` bytes of them, that no
+/// thread runs or can start to run meanwhile (start-up, before anything is hooked).
+unsafe fn write_stub_code<const N: usize, const K: usize>(writes: [(u64, [u8; N]); K]) -> Result<(), String> {
+    let lo = writes.iter().map(|w| w.0).fold(u64::MAX, u64::min);
+    let hi = writes.iter().map(|w| w.0).fold(0, u64::max) + N as u64;
     use crate::hook::{set_prot, PROT_EXEC, PROT_READ, PROT_WRITE};
     set_prot(lo, (hi - lo) as usize, PROT_READ | PROT_WRITE | PROT_EXEC).map_err(|e| format!("cannot make the stubs writable: {e}"))?;
-    for &at in &sites {
-        let code = tls_load_inline(offset);
-        // SAFETY: the pages were made writable above; each site holds the 11 bytes checked
-        // above, whole instructions that no thread is running (nothing is hooked yet).
-        unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
+    for (at, code) in writes {
+        // SAFETY: the pages were made writable above; the caller vouches for the bytes.
+        unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, N) };
     }
     // The agent's text is read and execute; if this fails the code is only left writable.
     let _ = set_prot(lo, (hi - lo) as usize, PROT_READ | PROT_EXEC);
@@ -1064,32 +1073,22 @@ fn min_check_skip(d: u8) -> [u8; 3] {
 pub fn skip_min_ticks() -> Result<(), String> {
     // SAFETY: a table of four addresses in the agent's read-only data.
     let sites = unsafe { core::ptr::addr_of!(fnscope_min_sites).read() };
-    let mut jumps = [(0u64, 0u8); 2];
+    let mut jumps = [(0u64, [0u8; 3]); 2];
     for (k, pair) in sites.chunks(2).enumerate() {
         let (at, to) = (pair[0], pair[1]);
         // SAFETY: `at` is a label in the agent's text, followed by the check's instructions.
         let code = unsafe { core::slice::from_raw_parts(at as *const u8, MIN_CHECK_START.len()) };
         let skip = to.checked_sub(at + 2).filter(|&d| to - at > MIN_CHECK_START.len() as u64 && d <= 127);
         match skip {
-            Some(d) if code == MIN_CHECK_START => jumps[k] = (at, d as u8),
+            Some(d) if code == MIN_CHECK_START => jumps[k] = (at, min_check_skip(d as u8)),
             Some(d) if code == min_check_skip(d as u8) => return Ok(()),
             _ => return Err(format!("unexpected code at the --min-duration check {at:#x}: {code:02x?}")),
         }
     }
-    let lo = sites.into_iter().fold(u64::MAX, u64::min);
-    let hi = sites.into_iter().fold(0, u64::max);
-    use crate::hook::{set_prot, PROT_EXEC, PROT_READ, PROT_WRITE};
-    set_prot(lo, (hi - lo) as usize, PROT_READ | PROT_WRITE | PROT_EXEC).map_err(|e| format!("cannot make the stubs writable: {e}"))?;
-    for (at, d) in jumps {
-        let code = min_check_skip(d);
-        // SAFETY: the pages were made writable above; `at` starts the 3-byte instruction
-        // checked above, which no thread is running (nothing is hooked yet): `jmp rel8` over
-        // the check lands on the instruction after it.
-        unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
-    }
-    // The agent's text is read and execute; if this fails the code is only left writable.
-    let _ = set_prot(lo, (hi - lo) as usize, PROT_READ | PROT_EXEC);
-    Ok(())
+    // SAFETY: each address starts the 3-byte instruction checked above, which no thread is
+    // running (nothing is hooked yet): `jmp rel8` over the check lands on the instruction
+    // after it.
+    unsafe { write_stub_code(jumps) }
 }
 
 /// This thread's `errno`.

@@ -642,9 +642,7 @@ impl TraceWriter {
     /// Writes `b`, after the segment [`TraceWriter::join_segment`] holds, if any: whatever is
     /// written after it comes after it in the file.
     fn put(&mut self, b: &[u8]) -> Result<(), FormatError> {
-        if self.enc.joined().is_some() {
-            self.write_joined()?;
-        }
+        self.write_joined()?;
         self.out.write_all(b).map_err(io_err("write", &self.path))?;
         self.written += b.len() as u64;
         Ok(())
